@@ -1,0 +1,74 @@
+//! Who may do what on the socket: the peer's credentials (SO_PEERCRED) against `[access]`.
+
+use std::ffi::CString;
+
+use nix::unistd::{Gid, Group, Pid, Uid, User};
+
+use crate::config::{AccessConfig, Principal};
+use crate::core::Peer;
+use crate::protocol::Role;
+
+#[derive(Debug, Clone)]
+pub struct Access {
+    config: AccessConfig,
+    /// The daemon's own user: it owns the socket and could do anything anyway.
+    own_uid: u32,
+}
+
+impl Access {
+    pub fn new(config: AccessConfig) -> Access {
+        Access {
+            config,
+            own_uid: Uid::effective().as_raw(),
+        }
+    }
+
+    /// Resolves a connecting process to a `Peer`. Reads the user and group databases.
+    pub fn peer(&self, uid: u32, gid: u32, pid: Option<i32>) -> Peer {
+        let pgid = pid
+            .and_then(|p| nix::unistd::getpgid(Some(Pid::from_raw(p))).ok())
+            .map(|g| g.as_raw() as u32);
+        Peer {
+            uid,
+            pid: pid.map(|p| p as u32),
+            pgid,
+            role: self.role(uid, gid),
+        }
+    }
+
+    pub fn role(&self, uid: u32, gid: u32) -> Role {
+        if uid == 0 || uid == self.own_uid {
+            return Role::Admin;
+        }
+        let user = User::from_uid(Uid::from_raw(uid)).ok().flatten();
+        let name = user.as_ref().map(|u| u.name.clone());
+        let mut groups: Vec<String> = Vec::new();
+        if let Some(u) = &user {
+            if let Ok(cname) = CString::new(u.name.as_str()) {
+                if let Ok(gids) = nix::unistd::getgrouplist(&cname, u.gid) {
+                    groups.extend(gids.into_iter().filter_map(group_name));
+                }
+            }
+        }
+        groups.extend(group_name(Gid::from_raw(gid)));
+        let matches = |list: &[Principal]| {
+            list.iter().any(|p| match p {
+                Principal::User(u) => name.as_deref() == Some(u.as_str()),
+                Principal::Group(g) => groups.iter().any(|x| x == g),
+            })
+        };
+        if matches(&self.config.admins) {
+            Role::Admin
+        } else if matches(&self.config.reporters) {
+            Role::Reporter
+        } else if matches(&self.config.readers) {
+            Role::Reader
+        } else {
+            Role::None
+        }
+    }
+}
+
+fn group_name(g: Gid) -> Option<String> {
+    Group::from_gid(g).ok().flatten().map(|g| g.name)
+}

@@ -1,0 +1,11 @@
+//! The imperative shell: turns the world into events for the core and its actions into effects.
+
+pub mod access;
+pub mod control;
+pub mod daemon;
+pub mod inventory;
+pub mod logging;
+pub mod nvml;
+pub mod probe;
+pub mod state;
+pub mod supervisor;

@@ -1,0 +1,383 @@
+//! Command-line verbs: parse, dispatch, print, and DESIGN's exit codes (0 ok, 1 an error
+//! answer, 2 usage or no daemon).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+
+use crate::client::{socket_path, Client};
+use crate::protocol::{GpuView, ModelView, Report, Request, StatusView, WarmPoolSetting};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hearth",
+    version,
+    about = "Spawns, warms, pools, routes and autoscales model servers on a GPU host"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SocketArg {
+    /// Control socket (default: $HEARTH_SOCKET, then /run/hearth/hearth.sock)
+    #[arg(long, global = true)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the agent (under systemd, usually)
+    Daemon {
+        #[arg(long, default_value = "/etc/hearth/config.toml")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file without starting anything
+    CheckConfig { file: PathBuf },
+    /// Models, replicas and GPUs
+    Status {
+        model: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Stream routed-set, replica, scale and GPU events
+    Watch {
+        model: Option<String>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// GPUs and what hearth has reserved on them
+    Gpus {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Report a queue (for a replica, or model-wide)
+    Report {
+        model: String,
+        #[arg(long)]
+        replica: Option<String>,
+        #[arg(long = "wait-ms")]
+        wait_ms: Option<f64>,
+        #[arg(long)]
+        depth: Option<u64>,
+        #[arg(long = "in-flight")]
+        in_flight: Option<u64>,
+        #[arg(long)]
+        arrived: Option<u64>,
+        #[arg(long)]
+        completed: Option<u64>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Change a model's min, max or warm pool (kept across restarts)
+    Scale {
+        model: String,
+        #[arg(long)]
+        min: Option<u32>,
+        #[arg(long)]
+        max: Option<u32>,
+        /// A count, or "auto"
+        #[arg(long, value_parser = parse_warm)]
+        warm: Option<WarmPoolSetting>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Unroute a replica, let its work finish, stop it
+    Drain {
+        replica: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Take no new replicas on a GPU (uuid or index)
+    Cordon {
+        gpu: String,
+        #[arg(long)]
+        reason: Option<String>,
+        /// Move replicas off the device, keeping routed capacity at or above min
+        #[arg(long)]
+        evacuate: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Let a GPU take replicas again (and clear an unhealthy mark)
+    Uncordon {
+        gpu: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Re-read the configuration file
+    Reload {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// A stand-in model server for demos and tests
+    ToyServer(crate::toy_server::ToyArgs),
+}
+
+fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
+    if s == "auto" {
+        return Ok(WarmPoolSetting::Auto(crate::protocol::AutoTag::Auto));
+    }
+    s.parse()
+        .map(WarmPoolSetting::Count)
+        .map_err(|_| format!("{s:?}: a count or \"auto\""))
+}
+
+/// Runs a client verb against the daemon.
+pub async fn client_verb(command: Command) -> ExitCode {
+    let (socket, request, render): (SocketArg, Request, Render) = match command {
+        Command::Status {
+            model,
+            json,
+            socket,
+        } => (
+            socket,
+            Request::Status { model },
+            if json {
+                Render::Json("status")
+            } else {
+                Render::Status
+            },
+        ),
+        Command::Gpus { json, socket } => (
+            socket,
+            Request::Gpus,
+            if json {
+                Render::Json("gpus")
+            } else {
+                Render::Gpus
+            },
+        ),
+        Command::Watch { model, socket } => (socket, Request::Watch { model }, Render::Stream),
+        Command::Report {
+            model,
+            replica,
+            wait_ms,
+            depth,
+            in_flight,
+            arrived,
+            completed,
+            socket,
+        } => (
+            socket,
+            Request::Report(Report {
+                model,
+                replica,
+                oldest_wait_ms: wait_ms,
+                queue_depth: depth,
+                in_flight,
+                arrived,
+                completed,
+            }),
+            Render::Quiet,
+        ),
+        Command::Scale {
+            model,
+            min,
+            max,
+            warm,
+            socket,
+        } => (
+            socket,
+            Request::Scale {
+                model,
+                min,
+                max,
+                warm_pool: warm,
+            },
+            Render::Quiet,
+        ),
+        Command::Drain { replica, socket } => (socket, Request::Drain { replica }, Render::Quiet),
+        Command::Cordon {
+            gpu,
+            reason,
+            evacuate,
+            socket,
+        } => (
+            socket,
+            Request::Cordon {
+                gpu,
+                reason,
+                evacuate,
+            },
+            Render::Quiet,
+        ),
+        Command::Uncordon { gpu, socket } => (socket, Request::Uncordon { gpu }, Render::Quiet),
+        Command::Reload { socket } => (socket, Request::Reload, Render::Quiet),
+        Command::Daemon { .. } | Command::CheckConfig { .. } | Command::ToyServer(_) => {
+            unreachable!("not a client verb")
+        }
+    };
+    let path = socket_path(socket.socket);
+    let mut client = match Client::connect(&path).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hearth: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let answer = match client.call(&request).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hearth: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if answer["ok"] != Value::Bool(true) {
+        eprintln!(
+            "hearth: {}: {}",
+            answer["error"].as_str().unwrap_or("error"),
+            answer["message"].as_str().unwrap_or("")
+        );
+        return ExitCode::from(1);
+    }
+    match render {
+        Render::Quiet => {}
+        Render::Json(key) => println!(
+            "{}",
+            serde_json::to_string_pretty(&answer[key]).unwrap_or_default()
+        ),
+        Render::Status => match serde_json::from_value::<StatusView>(answer["status"].clone()) {
+            Ok(s) => print!("{}", status_table(&s)),
+            Err(e) => {
+                eprintln!("hearth: unexpected status answer: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Render::Gpus => match serde_json::from_value::<Vec<GpuView>>(answer["gpus"].clone()) {
+            Ok(g) => print!("{}", gpu_table(&g)),
+            Err(e) => {
+                eprintln!("hearth: unexpected gpus answer: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Render::Stream => {
+            use std::io::Write;
+            while let Some(ev) = client.next().await {
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{ev}").and_then(|_| out.flush()).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+enum Render {
+    Quiet,
+    Json(&'static str),
+    Status,
+    Gpus,
+    Stream,
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".to_string(), |v| v.to_string())
+}
+
+pub fn status_table(s: &StatusView) -> String {
+    let mut out = String::new();
+    if s.models.is_empty() {
+        out.push_str("no models configured\n");
+    }
+    for m in &s.models {
+        out.push_str(&model_block(m));
+        out.push('\n');
+    }
+    if !s.gpus.is_empty() {
+        out.push_str(&gpu_table(&s.gpus));
+    }
+    out
+}
+
+fn model_block(m: &ModelView) -> String {
+    let mut out = format!(
+        "{} (version {})  health {}{}\n",
+        m.name,
+        m.version,
+        m.health,
+        if m.health_reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", m.health_reason)
+        }
+    );
+    out.push_str(&format!(
+        "  routed {}/{}  warm {}/{}  starting {}  pending {}  draining {}  (min {}, max {}, pool {})\n",
+        m.routed, m.desired_routed, m.warm, m.desired_warm, m.starting, m.pending, m.draining, m.min, m.max, m.warm_pool
+    ));
+    out.push_str(&format!(
+        "  queue: oldest wait {} ms (target {} ms), depth {}, in flight {}, report age {} ms",
+        opt(m.signal.oldest_wait_ms.map(|w| w.round())),
+        m.target_wait_ms,
+        opt(m.signal.queue_depth),
+        opt(m.signal.in_flight),
+        opt(m.signal.age_ms)
+    ));
+    if let Some(t) = m.time_to_ready_ms {
+        out.push_str(&format!("; time to ready {:.1} s", t as f64 / 1000.0));
+    }
+    out.push('\n');
+    if let Some(ls) = &m.last_scale {
+        out.push_str(&format!(
+            "  last scale: {} → {}: {}\n",
+            ls.from, ls.to, ls.reason
+        ));
+    }
+    if !m.replicas.is_empty() {
+        out.push_str(&format!(
+            "  {:<22} {:<9} {:>8} {:<21} {:>8} {:<10} {}\n",
+            "REPLICA", "STATE", "PID", "ADDR", "RESTARTS", "GPUS", "REASON"
+        ));
+        for r in &m.replicas {
+            out.push_str(&format!(
+                "  {:<22} {:<9} {:>8} {:<21} {:>8} {:<10} {}\n",
+                r.id,
+                r.state,
+                opt(r.pid),
+                r.addr.clone().unwrap_or_else(|| "-".into()),
+                r.restarts,
+                if r.gpus.is_empty() {
+                    "-".to_string()
+                } else {
+                    r.gpus.join(",")
+                },
+                r.reason
+            ));
+        }
+    }
+    out
+}
+
+pub fn gpu_table(gpus: &[GpuView]) -> String {
+    if gpus.is_empty() {
+        return "no GPUs\n".into();
+    }
+    let gib = |b: u64| format!("{:.1}", b as f64 / (1u64 << 30) as f64);
+    let mut out = format!(
+        "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
+        "INDEX", "UUID", "NAME", "TOTAL GiB", "RESERVED GiB", "HEALTHY", "CORDON", "REPLICAS"
+    );
+    for g in gpus {
+        out.push_str(&format!(
+            "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
+            g.index,
+            g.uuid,
+            g.name,
+            gib(g.memory_total),
+            gib(g.memory_reserved),
+            if g.healthy { "yes" } else { "NO" },
+            if g.cordoned { "yes" } else { "no" },
+            g.replicas.join(",")
+        ));
+    }
+    out
+}

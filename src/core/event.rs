@@ -1,0 +1,171 @@
+//! What the world tells the core (events) and what the core asks of the world (actions).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::gpu::GpuDevice;
+use super::replica::ReplicaId;
+use crate::config::Config;
+use crate::protocol::{Request, Role, WatchEvent};
+
+/// Ties a control request to its answer; chosen by the shell.
+pub type RequestId = u64;
+
+/// Who is on the other end of a control connection, as the shell resolved it from SO_PEERCRED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: u32,
+    pub pid: Option<u32>,
+    /// The peer's process group: a replica's processes share the group its leader created.
+    pub pgid: Option<u32>,
+    pub role: Role,
+}
+
+impl Peer {
+    /// The daemon talking to itself, or a test: every right.
+    pub fn trusted() -> Peer {
+        Peer {
+            uid: 0,
+            pid: None,
+            pgid: None,
+            role: Role::Admin,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// The readiness request of a starting replica.
+    Warmup,
+    /// The same request, repeated on a warm replica so the pool never holds a rotten one.
+    Recheck,
+    /// The cheap probe of a routed replica.
+    Liveness,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeOutcome {
+    pub ok: bool,
+    /// The server did not answer at all (refused, reset, timed out) or said it is still loading
+    /// (503): normal while a replica starts, so the next attempt comes sooner.
+    pub not_ready: bool,
+    /// What went wrong, or the status line when ok.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSpec {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<String>,
+    pub expect_status: u16,
+    pub expect_body: Option<String>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpawnSpec {
+    pub replica: ReplicaId,
+    pub model: String,
+    pub command: Vec<String>,
+    /// Variables to set on top of the daemon's environment (which the shell filters).
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+    pub port: u16,
+    pub gpus: Vec<String>,
+    /// Files to read into the page cache before the process starts.
+    pub prefetch: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGTERM to the process group: the server's own graceful stop.
+    Term,
+    /// SIGKILL to the process group.
+    Kill,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The periodic timer: deadlines, probe schedules and slow policy windows are checked here.
+    Tick,
+    Spawned {
+        replica: ReplicaId,
+        pid: u32,
+    },
+    SpawnFailed {
+        replica: ReplicaId,
+        error: String,
+    },
+    /// The replica's leader process exited (the shell has already killed what was left of its
+    /// process group).
+    Exited {
+        replica: ReplicaId,
+        status: String,
+    },
+    Probed {
+        replica: ReplicaId,
+        kind: ProbeKind,
+        outcome: ProbeOutcome,
+    },
+    /// A control-socket request, already authenticated; answered by `Action::Reply`.
+    Request {
+        id: RequestId,
+        peer: Peer,
+        request: Request,
+    },
+    /// A validated new configuration (reload).
+    Reload {
+        id: Option<RequestId>,
+        config: Box<Config>,
+    },
+    /// The devices the inventory sees now (at start, and when it changes).
+    Inventory(Vec<GpuDevice>),
+    /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
+    Shutdown {
+        immediate: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Spawn(SpawnSpec),
+    Signal {
+        replica: ReplicaId,
+        pid: u32,
+        signal: StopSignal,
+    },
+    /// Run one probe attempt after `after`, then report `Event::Probed`.
+    Probe {
+        replica: ReplicaId,
+        kind: ProbeKind,
+        after: Duration,
+        spec: ProbeSpec,
+    },
+    Reply {
+        id: RequestId,
+        response: Value,
+    },
+    /// A watch event: the routed set changed, a replica changed state, a scale decision, a GPU.
+    Publish(WatchEvent),
+    /// Scale overrides changed: the shell writes them to state_dir.
+    PersistOverrides(Value),
+    Log {
+        level: LogLevel,
+        model: Option<String>,
+        replica: Option<ReplicaId>,
+        message: String,
+    },
+    /// Every replica is gone after a shutdown.
+    ShutdownComplete,
+}

@@ -1,0 +1,402 @@
+//! Replica lifecycle transitions: spawn results, exits, failures, drains, stops, deadlines.
+
+use super::event::{Action, LogLevel, ProbeKind, StopSignal};
+use super::node::{fmt_dur, Node, ShutdownState};
+use super::replica::{ReplicaId, ReplicaState};
+use super::Time;
+use crate::protocol::WatchEvent;
+
+impl Node {
+    pub(super) fn tick(&mut self, now: Time, out: &mut Vec<Action>) {
+        let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
+        for id in ids {
+            let Some(r) = self.replicas.get(&id) else {
+                continue;
+            };
+            let Some(m) = self.models.get(&r.model) else {
+                continue;
+            };
+            match r.state {
+                ReplicaState::Starting => {
+                    let limit = m.config.warmup.startup_timeout;
+                    if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
+                        let _ = at;
+                        let last = if r.last_probe_error.is_empty() {
+                            "no answer".to_string()
+                        } else {
+                            r.last_probe_error.clone()
+                        };
+                        let why = format!(
+                            "warm-up did not pass within {}; last attempt: {last}",
+                            fmt_dur(limit)
+                        );
+                        self.fail(&id, &why, now, out);
+                    }
+                }
+                ReplicaState::Warm | ReplicaState::Routed => {
+                    let kind = if r.state == ReplicaState::Warm {
+                        ProbeKind::Recheck
+                    } else {
+                        ProbeKind::Liveness
+                    };
+                    let wanted = kind == ProbeKind::Recheck || m.config.liveness.is_some();
+                    if wanted && !r.probe_in_flight && now >= r.next_probe {
+                        if let Some(spec) = self.probe_spec(&id, kind) {
+                            let r = self.replicas.get_mut(&id).expect("present");
+                            r.probe_in_flight = true;
+                            out.push(Action::Probe {
+                                replica: id.clone(),
+                                kind,
+                                after: Default::default(),
+                                spec,
+                            });
+                        }
+                    }
+                }
+                ReplicaState::Draining => {
+                    if r.deadline.is_some_and(|d| now >= d) {
+                        self.stop(
+                            &id,
+                            "drain timeout: stopping with work possibly in flight",
+                            false,
+                            now,
+                            out,
+                        );
+                    }
+                }
+                ReplicaState::Stopping => {
+                    if !r.killed && r.deadline.is_some_and(|d| now >= d) {
+                        if let Some(pid) = r.pid {
+                            let r = self.replicas.get_mut(&id).expect("present");
+                            r.killed = true;
+                            out.push(Action::Signal {
+                                replica: id.clone(),
+                                pid,
+                                signal: StopSignal::Kill,
+                            });
+                            let model = r.model.clone();
+                            self.log(
+                                LogLevel::Warn,
+                                &model,
+                                Some(&id),
+                                "did not stop within stop_grace: SIGKILL".into(),
+                                out,
+                            );
+                        }
+                    }
+                }
+                ReplicaState::Pending => {}
+            }
+        }
+        let names: Vec<String> = self.models.keys().cloned().collect();
+        for name in names {
+            self.autoscale(&name, now, false, out);
+        }
+        if let Some(sd) = &self.shutdown {
+            if now >= sd.deadline {
+                self.kill_all(out);
+            }
+        }
+    }
+
+    pub(super) fn spawned(&mut self, id: &ReplicaId, pid: u32, now: Time, out: &mut Vec<Action>) {
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
+        r.pid = Some(pid);
+        match r.state {
+            ReplicaState::Starting => {
+                if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
+                    let r = self.replicas.get_mut(id).expect("present");
+                    r.probe_in_flight = true;
+                    out.push(Action::Probe {
+                        replica: id.clone(),
+                        kind: ProbeKind::Warmup,
+                        after: super::node::WARMUP_RETRY_LOADING,
+                        spec,
+                    });
+                }
+            }
+            // Asked to stop before the process existed: now it can be told.
+            ReplicaState::Stopping => {
+                let signal = if r.killed {
+                    StopSignal::Kill
+                } else {
+                    StopSignal::Term
+                };
+                out.push(Action::Signal {
+                    replica: id.clone(),
+                    pid,
+                    signal,
+                });
+            }
+            _ => {}
+        }
+        let _ = now;
+    }
+
+    /// The process is gone (exited, or never started). Frees its port and GPUs.
+    pub(super) fn process_gone(
+        &mut self,
+        id: &ReplicaId,
+        what: &str,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(r) = self.replicas.get(id) else {
+            return;
+        };
+        let state = r.state;
+        let model = r.model.clone();
+        match state {
+            ReplicaState::Stopping | ReplicaState::Draining => {
+                self.log(
+                    LogLevel::Info,
+                    &model,
+                    Some(id),
+                    format!("stopped: {what}"),
+                    out,
+                );
+            }
+            _ => {
+                let why = format!("{} replica {what}", state.as_str());
+                self.record_failure(&model, id, &why, now, out);
+            }
+        }
+        self.forget(id, what, out);
+        self.check_shutdown_complete(out);
+    }
+
+    /// Removes a replica from the books, releasing what it held.
+    pub(super) fn forget(&mut self, id: &ReplicaId, why: &str, out: &mut Vec<Action>) {
+        let Some(r) = self.replicas.remove(id) else {
+            return;
+        };
+        if let Some(p) = r.port {
+            self.ports.give_back(p);
+        }
+        self.gpus.release(id, &r.gpus, r.gpu_bytes);
+        let _ = why;
+        out.push(Action::Publish(WatchEvent::Replica {
+            model: r.model.clone(),
+            replica: id.0.clone(),
+            state: "gone".into(),
+        }));
+        if let Some(m) = self.models.get(&r.model) {
+            if m.removed && !self.replicas.values().any(|x| x.model == r.model) {
+                let name = r.model.clone();
+                self.models.remove(&name);
+                self.log_global(LogLevel::Info, format!("model {name} removed"), out);
+            }
+        }
+    }
+
+    fn record_failure(
+        &mut self,
+        model: &str,
+        id: &ReplicaId,
+        why: &str,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(m) = self.models.get_mut(model) else {
+            return;
+        };
+        let backoff = m.record_failure(now, why);
+        let crash = m.crash_looping();
+        let n = m.failures.len();
+        let level = if crash {
+            LogLevel::Error
+        } else {
+            LogLevel::Warn
+        };
+        let msg = format!(
+            "failed: {why}; next start in {} ({n} failure(s) in 10 min{})",
+            fmt_dur(backoff),
+            if crash { ", crash loop" } else { "" }
+        );
+        self.log(level, model, Some(id), msg, out);
+    }
+
+    /// A replica failed (probe, timeout): stop it, count the failure; the reconciler replaces it.
+    pub(super) fn fail(&mut self, id: &ReplicaId, why: &str, now: Time, out: &mut Vec<Action>) {
+        let Some(r) = self.replicas.get(id) else {
+            return;
+        };
+        let model = r.model.clone();
+        self.record_failure(&model, id, why, now, out);
+        self.stop(id, why, true, now, out);
+    }
+
+    /// Unroutes a replica and lets its in-flight work finish before it stops.
+    pub(super) fn begin_drain(
+        &mut self,
+        id: &ReplicaId,
+        why: &str,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(r) = self.replicas.get(id) else {
+            return;
+        };
+        let Some(m) = self.models.get(&r.model) else {
+            return;
+        };
+        let mut deadline = now + m.config.scaling.drain_timeout;
+        if let Some(sd) = &self.shutdown {
+            deadline = deadline.min(sd.deadline - m.config.stop_grace);
+        }
+        let model = r.model.clone();
+        self.set_state(id, ReplicaState::Draining, now, out);
+        let r = self.replicas.get_mut(id).expect("present");
+        r.deadline = Some(deadline);
+        r.reason = why.to_string();
+        self.log(
+            LogLevel::Info,
+            &model,
+            Some(id),
+            format!("draining: {why}"),
+            out,
+        );
+    }
+
+    /// Asks the process to stop (SIGTERM, then SIGKILL after `stop_grace`). A pending replica,
+    /// which has no process, is simply forgotten.
+    pub(super) fn stop(
+        &mut self,
+        id: &ReplicaId,
+        why: &str,
+        failed: bool,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(r) = self.replicas.get(id) else {
+            return;
+        };
+        if r.state == ReplicaState::Stopping {
+            return;
+        }
+        if r.state == ReplicaState::Pending {
+            self.forget(id, why, out);
+            return;
+        }
+        let Some(m) = self.models.get(&r.model) else {
+            return;
+        };
+        let mut deadline = now + m.config.stop_grace;
+        if let Some(sd) = &self.shutdown {
+            deadline = deadline.min(sd.deadline);
+        }
+        let model = r.model.clone();
+        self.set_state(id, ReplicaState::Stopping, now, out);
+        let r = self.replicas.get_mut(id).expect("present");
+        r.deadline = Some(deadline);
+        r.reason = why.to_string();
+        r.failed = failed;
+        if let Some(pid) = r.pid {
+            out.push(Action::Signal {
+                replica: id.clone(),
+                pid,
+                signal: StopSignal::Term,
+            });
+        }
+        self.log(
+            LogLevel::Info,
+            &model,
+            Some(id),
+            format!("stopping: {why}"),
+            out,
+        );
+    }
+
+    pub(super) fn set_state(
+        &mut self,
+        id: &ReplicaId,
+        state: ReplicaState,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
+        if r.state == state {
+            return;
+        }
+        r.state = state;
+        r.since = now;
+        r.probe_failures = 0;
+        r.deadline = None;
+        if state != ReplicaState::Pending {
+            r.reason.clear();
+        }
+        out.push(Action::Publish(WatchEvent::Replica {
+            model: r.model.clone(),
+            replica: id.0.clone(),
+            state: state.as_str().into(),
+        }));
+    }
+
+    pub(super) fn begin_shutdown(&mut self, immediate: bool, now: Time, out: &mut Vec<Action>) {
+        if self.shutdown.is_none() {
+            let deadline = now + self.config.daemon.shutdown_timeout;
+            self.shutdown = Some(ShutdownState { deadline });
+            self.log_global(
+                LogLevel::Info,
+                format!(
+                    "shutting down: draining, then stopping every replica within {}",
+                    fmt_dur(self.config.daemon.shutdown_timeout)
+                ),
+                out,
+            );
+        }
+        if immediate {
+            self.log_global(
+                LogLevel::Warn,
+                "second stop signal: killing every replica now".into(),
+                out,
+            );
+            self.kill_all(out);
+        }
+        self.check_shutdown_complete(out);
+    }
+
+    fn kill_all(&mut self, out: &mut Vec<Action>) {
+        let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
+        for id in ids {
+            let r = self.replicas.get_mut(&id).expect("present");
+            if r.state == ReplicaState::Pending {
+                self.forget(&id, "shutdown", out);
+                continue;
+            }
+            if r.killed {
+                continue;
+            }
+            r.killed = true;
+            r.state = ReplicaState::Stopping;
+            if let Some(pid) = r.pid {
+                out.push(Action::Signal {
+                    replica: id.clone(),
+                    pid,
+                    signal: StopSignal::Kill,
+                });
+            }
+        }
+        self.check_shutdown_complete(out);
+    }
+
+    pub(super) fn check_shutdown_complete(&mut self, out: &mut Vec<Action>) {
+        if self.shutdown.is_some() && self.replicas.is_empty() && !self.shutdown_reported {
+            self.shutdown_reported = true;
+            out.push(Action::ShutdownComplete);
+        }
+    }
+
+    pub(super) fn log_global(&self, level: LogLevel, message: String, out: &mut Vec<Action>) {
+        out.push(Action::Log {
+            level,
+            model: None,
+            replica: None,
+            message,
+        });
+    }
+}

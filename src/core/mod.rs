@@ -1,0 +1,69 @@
+//! The pure core: every decision hearth makes, as `Node::handle(event, now) -> Vec<Action>`.
+//! Nothing here performs I/O, reads a clock or spawns anything; time comes in with each event.
+//! The daemon and the simulator drive the same `Node`.
+
+mod event;
+mod gpu;
+mod lifecycle;
+mod model;
+mod node;
+pub mod policy;
+mod reconcile;
+mod reload;
+mod replica;
+mod signal;
+pub mod status;
+#[cfg(test)]
+mod tests;
+
+pub use event::{
+    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, RequestId, SpawnSpec,
+    StopSignal,
+};
+pub use gpu::GpuDevice;
+pub use model::Overrides;
+pub use node::Node;
+pub use replica::{ReplicaId, ReplicaState};
+
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+/// A point in time, as the shell or the simulator reports it: the daemon passes wall-clock time
+/// since the Unix epoch advanced by a monotonic clock; the simulator starts at zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub struct Time(pub Duration);
+
+impl Time {
+    pub const ZERO: Time = Time(Duration::ZERO);
+
+    pub fn from_millis(ms: u64) -> Time {
+        Time(Duration::from_millis(ms))
+    }
+    pub fn from_secs_f64(s: f64) -> Time {
+        Time(Duration::from_secs_f64(s))
+    }
+    pub fn as_millis(self) -> u64 {
+        self.0.as_millis() as u64
+    }
+    pub fn as_secs_f64(self) -> f64 {
+        self.0.as_secs_f64()
+    }
+    /// Time elapsed since `earlier`, zero if `earlier` is in the future.
+    pub fn since(self, earlier: Time) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl Add<Duration> for Time {
+    type Output = Time;
+    fn add(self, d: Duration) -> Time {
+        Time(self.0 + d)
+    }
+}
+
+impl Sub<Duration> for Time {
+    type Output = Time;
+    fn sub(self, d: Duration) -> Time {
+        Time(self.0.saturating_sub(d))
+    }
+}

@@ -1,0 +1,142 @@
+//! Per-model state: its configuration, operator overrides, failure history and restart back-off,
+//! the model-wide signal and the autoscaler's memory.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::policy::Autoscaler;
+use super::signal::ReplicaSignal;
+use super::Time;
+use crate::config::{ModelConfig, WarmPool};
+
+/// Failures counted for back-off and crash-loop detection are the ones this recent.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(600);
+/// This many failures in the window is a crash loop.
+pub const CRASH_LOOP_FAILURES: usize = 5;
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// `hearth scale` overrides, kept in state_dir across restarts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Overrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<crate::protocol::WarmPoolSetting>,
+}
+
+impl Overrides {
+    pub fn is_empty(&self) -> bool {
+        self.min.is_none() && self.max.is_none() && self.warm_pool.is_none()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ScaleRecord {
+    pub at: Time,
+    pub from: u32,
+    pub to: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelState {
+    pub config: ModelConfig,
+    pub overrides: Overrides,
+    /// N of the next replica id.
+    pub next_n: u64,
+    pub failures: VecDeque<Time>,
+    pub total_restarts: u64,
+    pub last_failure: String,
+    pub backoff_until: Time,
+    /// Why pending replicas cannot be placed, when GPUs are the reason.
+    pub no_capacity: Option<String>,
+    pub desired_routed: u32,
+    pub last_scale: Option<ScaleRecord>,
+    /// Reports without a replica (from a router).
+    pub model_wide: ReplicaSignal,
+    pub autoscaler: Autoscaler,
+    /// Spawn → warm of the latest cold start.
+    pub time_to_ready: Option<Duration>,
+    /// Removed from the configuration: its replicas drain away, then it is forgotten.
+    pub removed: bool,
+}
+
+impl ModelState {
+    pub fn new(config: ModelConfig, overrides: Overrides, now: Time) -> Self {
+        let mut m = ModelState {
+            config,
+            overrides,
+            next_n: 1,
+            failures: VecDeque::new(),
+            total_restarts: 0,
+            last_failure: String::new(),
+            backoff_until: now,
+            no_capacity: None,
+            desired_routed: 0,
+            last_scale: None,
+            model_wide: ReplicaSignal::default(),
+            autoscaler: Autoscaler::default(),
+            time_to_ready: None,
+            removed: false,
+        };
+        m.desired_routed = m.min();
+        m
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn min(&self) -> u32 {
+        let min = self.overrides.min.unwrap_or(self.config.scaling.min);
+        min.min(self.max())
+    }
+
+    pub fn max(&self) -> u32 {
+        self.overrides.max.unwrap_or(self.config.scaling.max)
+    }
+
+    pub fn warm_pool_setting(&self) -> WarmPool {
+        use crate::protocol::WarmPoolSetting;
+        match self.overrides.warm_pool {
+            Some(WarmPoolSetting::Count(n)) => WarmPool::Fixed(n),
+            Some(WarmPoolSetting::Auto(_)) => WarmPool::Auto,
+            None => self.config.scaling.warm_pool,
+        }
+    }
+
+    /// Failures in the window, after forgetting older ones.
+    pub fn recent_failures(&mut self, now: Time) -> usize {
+        while let Some(&t) = self.failures.front() {
+            if now.since(t) > FAILURE_WINDOW {
+                self.failures.pop_front();
+            } else {
+                break;
+            }
+        }
+        self.failures.len()
+    }
+
+    /// Records a failed replica; the next spawn waits 1 s doubling per recent failure, up to 5 min.
+    pub fn record_failure(&mut self, now: Time, why: &str) -> Duration {
+        self.failures.push_back(now);
+        self.total_restarts += 1;
+        self.last_failure = why.to_string();
+        let n = self.recent_failures(now) as u32;
+        let backoff = BACKOFF_FIRST
+            .checked_mul(1u32 << (n.saturating_sub(1)).min(16))
+            .unwrap_or(BACKOFF_MAX)
+            .min(BACKOFF_MAX);
+        self.backoff_until = now + backoff;
+        backoff
+    }
+
+    pub fn crash_looping(&self) -> bool {
+        self.failures.len() >= CRASH_LOOP_FAILURES
+    }
+}

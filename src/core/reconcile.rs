@@ -1,0 +1,309 @@
+//! The reconciler: after every event, move each model toward its desired routed count and warm
+//! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
+
+use super::event::{Action, LogLevel, SpawnSpec};
+use super::node::Node;
+use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::Time;
+use crate::config::WarmPool;
+
+/// How many of each state a model has now.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Counts {
+    pub routed: u32,
+    pub warm: u32,
+    pub starting: u32,
+    pub pending: u32,
+}
+
+impl Node {
+    pub(super) fn reconcile(&mut self, now: Time, out: &mut Vec<Action>) {
+        if self.shutdown.is_some() {
+            self.reconcile_shutdown(now, out);
+            return;
+        }
+        let names: Vec<String> = self.models.keys().cloned().collect();
+        for name in &names {
+            self.reconcile_model(name, now, out);
+        }
+        self.place_pending(now, out);
+    }
+
+    pub(super) fn counts(&self, model: &str) -> Counts {
+        let mut c = Counts::default();
+        for r in self.replicas.values().filter(|r| r.model == model) {
+            match r.state {
+                ReplicaState::Routed => c.routed += 1,
+                ReplicaState::Warm => c.warm += 1,
+                ReplicaState::Starting => c.starting += 1,
+                ReplicaState::Pending => c.pending += 1,
+                ReplicaState::Draining | ReplicaState::Stopping => {}
+            }
+        }
+        c
+    }
+
+    /// The warm pool the model should hold next to `desired_routed` routed replicas.
+    pub(super) fn desired_warm(&self, model: &str) -> u32 {
+        let Some(m) = self.models.get(model) else {
+            return 0;
+        };
+        if m.removed {
+            return 0;
+        }
+        let pool = match m.warm_pool_setting() {
+            WarmPool::Fixed(n) => n,
+            WarmPool::Auto => m.autoscaler.auto_pool(),
+        };
+        pool.min(m.max().saturating_sub(m.desired_routed))
+    }
+
+    fn reconcile_model(&mut self, name: &str, now: Time, out: &mut Vec<Action>) {
+        let Some(m) = self.models.get(name) else {
+            return;
+        };
+        let desired = if m.removed {
+            0
+        } else {
+            m.desired_routed.clamp(m.min(), m.max())
+        };
+        let max = if m.removed { 0 } else { m.max() };
+        let pool = self.desired_warm(name);
+        let recheck = m.config.warmup.recheck;
+
+        // Promote warm replicas first: milliseconds, not a cold start.
+        let mut c = self.counts(name);
+        while c.routed < desired {
+            let Some(id) = self.pick(name, |r| r.promotable(), false) else {
+                break;
+            };
+            self.set_state(&id, ReplicaState::Routed, now, out);
+            let r = self.replicas.get_mut(&id).expect("present");
+            r.next_probe = now;
+            c.routed += 1;
+            c.warm -= 1;
+            self.log(
+                LogLevel::Info,
+                name,
+                Some(&id),
+                format!("promoted: routed {} of {desired}", c.routed),
+                out,
+            );
+        }
+
+        // Too many routed: back to the pool if it is short, else drain.
+        while c.routed > desired {
+            let Some(id) = self.pick_least_busy_routed(name) else {
+                break;
+            };
+            if c.warm < pool {
+                self.set_state(&id, ReplicaState::Warm, now, out);
+                let r = self.replicas.get_mut(&id).expect("present");
+                r.next_probe = now + recheck;
+                c.warm += 1;
+                self.log(
+                    LogLevel::Info,
+                    name,
+                    Some(&id),
+                    "unrouted: back to the warm pool".into(),
+                    out,
+                );
+            } else {
+                self.begin_drain(&id, "scale down", now, out);
+            }
+            c.routed -= 1;
+        }
+
+        // Replicas on their way (warm, starting, pending) should cover the routed deficit plus
+        // the pool, within max.
+        let coming = c.warm + c.starting + c.pending;
+        let need = desired.saturating_sub(c.routed) + pool;
+        if coming < need {
+            let room = max.saturating_sub(c.routed + coming);
+            for _ in 0..(need - coming).min(room) {
+                self.create_pending(name, now, out);
+            }
+        } else if coming > need {
+            let mut surplus = coming - need;
+            for state in [
+                ReplicaState::Pending,
+                ReplicaState::Starting,
+                ReplicaState::Warm,
+            ] {
+                while surplus > 0 {
+                    let Some(id) = self.pick(name, |r| r.state == state, true) else {
+                        break;
+                    };
+                    self.stop(&id, "surplus: more than the model needs", false, now, out);
+                    surplus -= 1;
+                }
+            }
+        }
+    }
+
+    /// The oldest (or newest) replica of the model that matches.
+    fn pick(&self, model: &str, f: impl Fn(&Replica) -> bool, newest: bool) -> Option<ReplicaId> {
+        let it = self.replicas.values().filter(|r| r.model == model && f(r));
+        let r = if newest {
+            it.max_by_key(|r| r.n)
+        } else {
+            it.min_by_key(|r| r.n)
+        };
+        r.map(|r| r.id.clone())
+    }
+
+    /// The routed replica with the least reported work, the newest among equals.
+    fn pick_least_busy_routed(&self, model: &str) -> Option<ReplicaId> {
+        self.replicas
+            .values()
+            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .min_by_key(|r| {
+                let busy = r.signal.last().map_or(0, |s| s.in_flight + s.queue_depth);
+                (busy, std::cmp::Reverse(r.n))
+            })
+            .map(|r| r.id.clone())
+    }
+
+    fn create_pending(&mut self, model: &str, now: Time, out: &mut Vec<Action>) {
+        let Some(m) = self.models.get_mut(model) else {
+            return;
+        };
+        let n = m.next_n;
+        m.next_n += 1;
+        let restarts = m.failures.len() as u32;
+        let r = Replica::new(model, n, &m.config.version, now, restarts);
+        let id = r.id.clone();
+        self.replicas.insert(id.clone(), r);
+        out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
+            model: model.to_string(),
+            replica: id.0,
+            state: ReplicaState::Pending.as_str().into(),
+        }));
+    }
+
+    /// Gives pending replicas a port and GPUs, oldest first, once their back-off has passed.
+    fn place_pending(&mut self, now: Time, out: &mut Vec<Action>) {
+        let mut pending: Vec<(u64, ReplicaId)> = self
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Pending)
+            .map(|r| (r.n, r.id.clone()))
+            .collect();
+        pending.sort();
+        let mut blocked: std::collections::BTreeMap<String, Option<String>> = Default::default();
+        for m in self.models.keys() {
+            blocked.insert(m.clone(), None);
+        }
+        for (_, id) in pending {
+            let r = &self.replicas[&id];
+            let model = r.model.clone();
+            let m = &self.models[&model];
+            if now < m.backoff_until {
+                let wait = m.backoff_until.since(now);
+                let r = self.replicas.get_mut(&id).expect("present");
+                r.reason = format!("restart back-off: starts in {}", super::node::fmt_dur(wait));
+                continue;
+            }
+            let placed =
+                match self
+                    .gpus
+                    .place(m.config.gpus, m.config.gpu_memory, m.config.placement)
+                {
+                    Ok(p) => p,
+                    Err(why) => {
+                        let r = self.replicas.get_mut(&id).expect("present");
+                        r.reason = why.clone();
+                        blocked.insert(model, Some(why));
+                        continue;
+                    }
+                };
+            let Some(port) = self.ports.take() else {
+                let r = self.replicas.get_mut(&id).expect("present");
+                r.reason = "no free port in daemon.ports".into();
+                continue;
+            };
+            let exclusive = m.config.gpu_memory.is_none();
+            self.gpus.reserve(&id, &placed, exclusive);
+            let r = self.replicas.get_mut(&id).expect("present");
+            r.port = Some(port);
+            r.gpus = placed.devices.clone();
+            r.gpu_bytes = placed.bytes;
+            r.spawned_at = Some(now);
+            self.set_state(&id, ReplicaState::Starting, now, out);
+            let spec = self.spawn_spec(&id);
+            out.push(Action::Spawn(spec));
+        }
+        for (model, why) in blocked {
+            if let Some(m) = self.models.get_mut(&model) {
+                m.no_capacity = why;
+            }
+        }
+    }
+
+    fn spawn_spec(&self, id: &ReplicaId) -> SpawnSpec {
+        let r = &self.replicas[id];
+        let m = &self.models[&r.model];
+        let vars = self.placeholders(r);
+        let expand = |s: &str| crate::config::expand(s, &vars);
+        let mut env: Vec<(String, String)> = m
+            .config
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), expand(v)))
+            .collect();
+        let uuids = self.gpus.uuids(&r.gpus);
+        let visible = uuids.join(",");
+        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.clone()));
+        // "void" is the container runtime's word for no GPU; empty would mean all.
+        let nvidia = if uuids.is_empty() {
+            "void".to_string()
+        } else {
+            visible
+        };
+        env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia));
+        env.push((
+            "HEARTH_SOCKET".into(),
+            self.config.daemon.socket.display().to_string(),
+        ));
+        env.push(("HEARTH_MODEL".into(), r.model.clone()));
+        env.push(("HEARTH_REPLICA".into(), r.id.0.clone()));
+        env.push(("HEARTH_PORT".into(), r.port.unwrap_or(0).to_string()));
+        SpawnSpec {
+            replica: id.clone(),
+            model: r.model.clone(),
+            command: m.config.command.iter().map(|s| expand(s)).collect(),
+            env,
+            user: m.config.user.clone(),
+            port: r.port.unwrap_or(0),
+            gpus: uuids,
+            prefetch: m.config.prefetch.clone(),
+        }
+    }
+
+    fn reconcile_shutdown(&mut self, now: Time, out: &mut Vec<Action>) {
+        let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
+        for id in ids {
+            let Some(r) = self.replicas.get(&id) else {
+                continue;
+            };
+            match r.state {
+                ReplicaState::Routed => self.begin_drain(&id, "shutdown", now, out),
+                ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending => {
+                    self.stop(&id, "shutdown", false, now, out)
+                }
+                ReplicaState::Draining => {
+                    let grace = self
+                        .models
+                        .get(&r.model)
+                        .map(|m| m.config.stop_grace)
+                        .unwrap_or_default();
+                    let limit = self.shutdown.as_ref().expect("shutting down").deadline - grace;
+                    let r = self.replicas.get_mut(&id).expect("present");
+                    r.deadline = r.deadline.map(|d| d.min(limit));
+                }
+                ReplicaState::Stopping => {}
+            }
+        }
+        self.check_shutdown_complete(out);
+    }
+}

@@ -1,0 +1,136 @@
+//! One replica and its lifecycle states.
+
+use std::fmt;
+
+use super::signal::ReplicaSignal;
+use super::Time;
+
+/// `MODEL-N`, N increasing for the daemon's life.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplicaId(pub String);
+
+impl ReplicaId {
+    pub fn new(model: &str, n: u64) -> Self {
+        ReplicaId(format!("{model}-{n}"))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReplicaState {
+    /// Waiting for GPU room, a port, or the restart back-off. No process.
+    Pending,
+    /// Process spawned (or being spawned); warm-up not yet passed.
+    Starting,
+    /// Warm-up passed; ready but not routed.
+    Warm,
+    /// In the routed set.
+    Routed,
+    /// Unrouted, finishing in-flight work.
+    Draining,
+    /// Signalled to stop; waiting for the process to exit. Still holds its port and GPUs.
+    Stopping,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Pending => "pending",
+            ReplicaState::Starting => "starting",
+            ReplicaState::Warm => "warm",
+            ReplicaState::Routed => "routed",
+            ReplicaState::Draining => "draining",
+            ReplicaState::Stopping => "stopping",
+        }
+    }
+    /// Holds a process (and so a port and its GPU reservation).
+    pub fn has_process(self) -> bool {
+        !matches!(self, ReplicaState::Pending)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Replica {
+    pub id: ReplicaId,
+    /// The N of `MODEL-N`: creation order within the model.
+    pub n: u64,
+    pub model: String,
+    /// The model's version when this replica was created.
+    pub version: String,
+    pub state: ReplicaState,
+    /// When it entered `state`.
+    pub since: Time,
+    pub created: Time,
+    /// When the process was asked for (Starting); time-to-ready is measured from here.
+    pub spawned_at: Option<Time>,
+    pub pid: Option<u32>,
+    pub port: Option<u16>,
+    /// Indices into the node's device table.
+    pub gpus: Vec<usize>,
+    /// Bytes reserved on each of `gpus`.
+    pub gpu_bytes: u64,
+    /// Failed predecessors in this replica's line.
+    pub restarts: u32,
+    /// Why it waits / why it is leaving, for status.
+    pub reason: String,
+    /// A probe attempt is out; don't send another.
+    pub probe_in_flight: bool,
+    /// The next liveness probe (routed) or recheck (warm) is due at.
+    pub next_probe: Time,
+    /// Failed probes in a row (liveness, or recheck).
+    pub probe_failures: u32,
+    pub last_probe_error: String,
+    /// Draining or stopping: when to give up waiting (drain → stop; stop → SIGKILL).
+    pub deadline: Option<Time>,
+    /// SIGKILL already sent.
+    pub killed: bool,
+    /// Counts as a failure when it exits (it was stopped because it failed).
+    pub failed: bool,
+    pub signal: ReplicaSignal,
+}
+
+impl Replica {
+    pub fn new(model: &str, n: u64, version: &str, now: Time, restarts: u32) -> Self {
+        Replica {
+            id: ReplicaId::new(model, n),
+            n,
+            model: model.to_string(),
+            version: version.to_string(),
+            state: ReplicaState::Pending,
+            since: now,
+            created: now,
+            spawned_at: None,
+            pid: None,
+            port: None,
+            gpus: Vec::new(),
+            gpu_bytes: 0,
+            restarts,
+            reason: String::new(),
+            probe_in_flight: false,
+            next_probe: now,
+            probe_failures: 0,
+            last_probe_error: String::new(),
+            deadline: None,
+            killed: false,
+            failed: false,
+            signal: ReplicaSignal::default(),
+        }
+    }
+
+    pub fn addr(&self) -> Option<String> {
+        self.port.map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// Warm and not under suspicion: safe to hand traffic to.
+    pub fn promotable(&self) -> bool {
+        self.state == ReplicaState::Warm && self.probe_failures == 0
+    }
+}

@@ -1,0 +1,217 @@
+//! Queue reports: what each replica (or a router, model-wide) last said, staleness, and the rates
+//! that follow from the monotonic `arrived` / `completed` counters.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::Time;
+use crate::protocol::Report;
+
+/// How far back counters are kept to estimate rates.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub at: Time,
+    pub oldest_wait_ms: f64,
+    pub queue_depth: u64,
+    pub in_flight: u64,
+    pub arrived: Option<u64>,
+    pub completed: Option<u64>,
+}
+
+impl Sample {
+    pub fn from_report(r: &Report, at: Time) -> Sample {
+        Sample {
+            at,
+            oldest_wait_ms: r.oldest_wait_ms.unwrap_or(0.0).max(0.0),
+            queue_depth: r.queue_depth.unwrap_or(0),
+            in_flight: r.in_flight.unwrap_or(0),
+            arrived: r.arrived,
+            completed: r.completed,
+        }
+    }
+}
+
+/// One reporting source (a replica, or the model-wide router report).
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaSignal {
+    pub history: VecDeque<Sample>,
+}
+
+impl ReplicaSignal {
+    pub fn record(&mut self, s: Sample) {
+        // A counter that went backwards means the reporter restarted: old deltas are meaningless.
+        if let Some(last) = self.history.back() {
+            let reset = matches!((last.arrived, s.arrived), (Some(a), Some(b)) if b < a)
+                || matches!((last.completed, s.completed), (Some(a), Some(b)) if b < a);
+            if reset {
+                self.history.clear();
+            }
+        }
+        self.history.push_back(s);
+        while let Some(first) = self.history.front() {
+            if self.history.len() > 2 && s.at.since(first.at) > RATE_WINDOW {
+                self.history.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    pub fn last(&self) -> Option<&Sample> {
+        self.history.back()
+    }
+
+    pub fn fresh(&self, now: Time, stale_after: Duration) -> Option<&Sample> {
+        self.last().filter(|s| now.since(s.at) <= stale_after)
+    }
+
+    /// Arrivals per second over the window.
+    pub fn arrival_rate(&self) -> Option<f64> {
+        counter_rate(&self.history, |s| s.arrived)
+    }
+
+    /// Completions per second while saturated (a queue at both ends of an interval): what one
+    /// replica can do, not what it was asked to do.
+    pub fn saturated_service_rate(&self) -> Option<f64> {
+        let mut done = 0u64;
+        let mut secs = 0.0;
+        for w in self.history.iter().collect::<Vec<_>>().windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a.queue_depth == 0 || b.queue_depth == 0 {
+                continue;
+            }
+            if let (Some(ca), Some(cb)) = (a.completed, b.completed) {
+                done += cb.saturating_sub(ca);
+                secs += b.at.since(a.at).as_secs_f64();
+            }
+        }
+        (secs >= 0.5 && done > 0).then(|| done as f64 / secs)
+    }
+}
+
+fn counter_rate(h: &VecDeque<Sample>, f: impl Fn(&Sample) -> Option<u64>) -> Option<f64> {
+    let first = h.iter().find(|s| f(s).is_some())?;
+    let last = h.iter().rev().find(|s| f(s).is_some())?;
+    let secs = last.at.since(first.at).as_secs_f64();
+    if secs < 0.5 {
+        return None;
+    }
+    Some(f(last)?.saturating_sub(f(first)?) as f64 / secs)
+}
+
+/// The model's signal now: a fresh model-wide report wins; otherwise the max oldest wait and the
+/// sums over the routed replicas with fresh reports.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ModelSignal {
+    /// Newest report in use.
+    pub at: Time,
+    pub oldest_wait_ms: f64,
+    pub queue_depth: u64,
+    pub in_flight: u64,
+    /// Arrivals/s, when counters allow.
+    pub arrival_rate: Option<f64>,
+    /// How many sources contributed.
+    pub sources: u32,
+}
+
+impl ModelSignal {
+    pub fn combine<'a>(
+        model_wide: &ReplicaSignal,
+        routed: impl Iterator<Item = &'a ReplicaSignal>,
+        now: Time,
+        stale_after: Duration,
+    ) -> Option<ModelSignal> {
+        if let Some(s) = model_wide.fresh(now, stale_after) {
+            return Some(ModelSignal {
+                at: s.at,
+                oldest_wait_ms: s.oldest_wait_ms,
+                queue_depth: s.queue_depth,
+                in_flight: s.in_flight,
+                arrival_rate: model_wide.arrival_rate(),
+                sources: 1,
+            });
+        }
+        let mut out: Option<ModelSignal> = None;
+        for sig in routed {
+            let Some(s) = sig.fresh(now, stale_after) else {
+                continue;
+            };
+            let o = out.get_or_insert(ModelSignal {
+                at: s.at,
+                ..Default::default()
+            });
+            o.at = o.at.max(s.at);
+            o.oldest_wait_ms = o.oldest_wait_ms.max(s.oldest_wait_ms);
+            o.queue_depth += s.queue_depth;
+            o.in_flight += s.in_flight;
+            o.sources += 1;
+            if let Some(r) = sig.arrival_rate() {
+                *o.arrival_rate.get_or_insert(0.0) += r;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(at_ms: u64, wait: f64, depth: u64, arrived: u64, completed: u64) -> Sample {
+        Sample {
+            at: Time::from_millis(at_ms),
+            oldest_wait_ms: wait,
+            queue_depth: depth,
+            in_flight: depth,
+            arrived: Some(arrived),
+            completed: Some(completed),
+        }
+    }
+
+    #[test]
+    fn rates_come_from_counter_deltas() {
+        let mut sig = ReplicaSignal::default();
+        sig.record(s(0, 0.0, 2, 100, 50));
+        sig.record(s(1000, 0.0, 3, 110, 58));
+        sig.record(s(2000, 0.0, 4, 120, 66));
+        assert_eq!(sig.arrival_rate(), Some(10.0));
+        assert_eq!(sig.saturated_service_rate(), Some(8.0));
+    }
+
+    #[test]
+    fn idle_intervals_do_not_count_as_capacity() {
+        let mut sig = ReplicaSignal::default();
+        sig.record(s(0, 0.0, 0, 0, 0));
+        sig.record(s(1000, 0.0, 0, 1, 1));
+        assert_eq!(sig.saturated_service_rate(), None);
+    }
+
+    #[test]
+    fn a_counter_reset_restarts_the_window() {
+        let mut sig = ReplicaSignal::default();
+        sig.record(s(0, 0.0, 0, 500, 500));
+        sig.record(s(1000, 0.0, 0, 3, 3));
+        sig.record(s(2000, 0.0, 0, 5, 5));
+        assert_eq!(sig.arrival_rate(), Some(2.0));
+    }
+
+    #[test]
+    fn model_wide_report_wins_while_fresh_and_stale_reports_are_ignored() {
+        let stale = Duration::from_secs(5);
+        let mut wide = ReplicaSignal::default();
+        let mut a = ReplicaSignal::default();
+        let mut b = ReplicaSignal::default();
+        a.record(s(9000, 300.0, 2, 0, 0));
+        b.record(s(9500, 100.0, 1, 0, 0));
+        let now = Time::from_millis(10_000);
+        let m = ModelSignal::combine(&wide, [&a, &b].into_iter(), now, stale).unwrap();
+        assert_eq!((m.oldest_wait_ms, m.queue_depth, m.sources), (300.0, 3, 2));
+        wide.record(s(9900, 50.0, 7, 0, 0));
+        let m = ModelSignal::combine(&wide, [&a, &b].into_iter(), now, stale).unwrap();
+        assert_eq!((m.oldest_wait_ms, m.queue_depth), (50.0, 7));
+        let later = Time::from_millis(30_000);
+        assert!(ModelSignal::combine(&wide, [&a, &b].into_iter(), later, stale).is_none());
+    }
+}

@@ -1,0 +1,123 @@
+//! The status view: what `hearth status` and the metrics show.
+
+use serde_json::json;
+
+use super::node::Node;
+use super::replica::ReplicaState;
+use super::Time;
+use crate::config::WarmPool;
+use crate::protocol::{ModelView, ReplicaView, ScaleView, SignalView, StatusView};
+
+impl Node {
+    pub fn status(&self, model: Option<&str>, now: Time) -> StatusView {
+        let models = self
+            .models
+            .values()
+            .filter(|m| model.is_none_or(|name| name == m.name()))
+            .map(|m| self.model_view(m.name(), now))
+            .collect();
+        StatusView {
+            models,
+            gpus: self.gpus.views(),
+        }
+    }
+
+    fn model_view(&self, name: &str, now: Time) -> ModelView {
+        let m = &self.models[name];
+        let c = self.counts(name);
+        let draining = self
+            .replicas
+            .values()
+            .filter(|r| {
+                r.model == name
+                    && matches!(r.state, ReplicaState::Draining | ReplicaState::Stopping)
+            })
+            .count() as u32;
+        let (health, health_reason) = if m.crash_looping() {
+            (
+                "crash_loop",
+                format!(
+                    "{} failures in 10 min; last: {}",
+                    m.failures.len(),
+                    m.last_failure
+                ),
+            )
+        } else if let Some(why) = &m.no_capacity {
+            ("no_capacity", why.clone())
+        } else {
+            ("ok", String::new())
+        };
+        let signal = match self.model_signal(name, now) {
+            Some(s) => SignalView {
+                oldest_wait_ms: Some(s.oldest_wait_ms),
+                queue_depth: Some(s.queue_depth),
+                in_flight: Some(s.in_flight),
+                age_ms: Some(now.since(s.at).as_millis() as u64),
+            },
+            None => SignalView::default(),
+        };
+        let mut replicas: Vec<_> = self.replicas.values().filter(|r| r.model == name).collect();
+        replicas.sort_by_key(|r| r.n);
+        ModelView {
+            name: name.to_string(),
+            version: m.config.version.clone(),
+            health: health.to_string(),
+            health_reason,
+            routed: c.routed,
+            warm: c.warm,
+            starting: c.starting,
+            pending: c.pending,
+            draining,
+            desired_routed: m.desired_routed,
+            desired_warm: self.desired_warm(name),
+            min: m.min(),
+            max: m.max(),
+            warm_pool: match m.warm_pool_setting() {
+                WarmPool::Fixed(n) => json!(n),
+                WarmPool::Auto => json!("auto"),
+            },
+            target_wait_ms: m.config.scaling.target_wait.as_millis() as u64,
+            signal,
+            last_scale: m.last_scale.as_ref().map(|s| ScaleView {
+                at_ms: s.at.as_millis(),
+                from: s.from,
+                to: s.to,
+                reason: s.reason.clone(),
+            }),
+            time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
+            replicas: replicas
+                .into_iter()
+                .map(|r| ReplicaView {
+                    id: r.id.0.clone(),
+                    state: r.state.as_str().to_string(),
+                    pid: r.pid,
+                    port: r.port,
+                    addr: r.addr(),
+                    gpus: self.gpus.uuids(&r.gpus),
+                    since_ms: r.since.as_millis(),
+                    restarts: r.restarts,
+                    version: r.version.clone(),
+                    reason: if !r.reason.is_empty() {
+                        r.reason.clone()
+                    } else if r.probe_failures > 0 {
+                        format!("probe failing: {}", r.last_probe_error)
+                    } else {
+                        String::new()
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Bytes in binary units, for messages.
+pub fn bytes(b: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    let f = b as f64;
+    if f >= GIB {
+        format!("{:.1}GiB", f / GIB)
+    } else {
+        format!("{:.0}MiB", f / MIB)
+    }
+}

@@ -1,0 +1,1 @@
+//! Lifecycle tests of the core with virtual time.

@@ -1,0 +1,115 @@
+//! The `hearth` binary: the daemon, the operator's verbs and the toy server in one.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use hearth::agent::{control, daemon::Daemon, inventory, logging};
+use hearth::cli::{client_verb, Cli, Command};
+use hearth::config::Config;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Daemon { config } => daemon(&config),
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(cfg) => {
+                println!("{}: ok ({} model(s))", file.display(), cfg.models.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::ToyServer(args) => {
+            let rt = runtime();
+            match rt.block_on(hearth::toy_server::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("toy-server: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        other => runtime().block_on(client_verb(other)),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Validates everything before starting anything: a bad file or an unusable inventory exits 1
+/// with nothing spawned and no socket bound.
+fn daemon(path: &Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hearth: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    logging::init(&config.daemon.log_level);
+    let inventory = match inventory::open(&config.gpus) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("hearth: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rt = runtime();
+    let result = rt.block_on(async move {
+        let listener = control::bind(&config.daemon.socket)?;
+        tracing::info!("listening on {}", config.daemon.socket.display());
+        let (stop_tx, stop_rx) = mpsc::channel(4);
+        let (hup_tx, hup_rx) = mpsc::channel(4);
+        // SIGTERM (systemd stop) and SIGINT (Ctrl-C) ask for an orderly shutdown: unroute,
+        // drain, stop children. A second one means the operator will not wait: kill them now.
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::spawn(async move {
+            let mut seen = false;
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                if stop_tx.send(seen).await.is_err() {
+                    break;
+                }
+                seen = true;
+            }
+        });
+        // SIGHUP is systemd's ExecReload: re-read the configuration, keep the old one on error.
+        let mut hup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                if hup_tx.send(()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let daemon = Daemon {
+            config_path: path.to_path_buf(),
+            config,
+            inventory,
+        };
+        daemon.run(listener, stop_rx, hup_rx).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("hearth: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
