@@ -8,6 +8,8 @@ mod lifecycle;
 mod model;
 mod node;
 pub mod policy;
+#[cfg(test)]
+mod policy_tests;
 mod reconcile;
 mod reload;
 mod replica;

@@ -320,6 +320,7 @@ impl Node {
         }
         let routed = self.count(model, ReplicaState::Routed);
         let signal = self.model_signal(model, now);
+        let service_rate = self.service_rate(model);
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
@@ -334,6 +335,7 @@ impl Node {
             signal,
             routed,
             desired: m.desired_routed,
+            service_rate,
             on_report,
         };
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {
@@ -487,6 +489,17 @@ impl Node {
             .filter(|r| r.model == model && r.state == ReplicaState::Routed)
             .map(|r| &r.signal);
         ModelSignal::combine(&m.model_wide, routed, now, m.config.scaling.stale_after)
+    }
+
+    /// Per-replica throughput while saturated, averaged over the routed replicas that were.
+    fn service_rate(&self, model: &str) -> Option<f64> {
+        let rates: Vec<f64> = self
+            .replicas
+            .values()
+            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .filter_map(|r| r.signal.saturated_service_rate())
+            .collect();
+        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
     }
 
     // ---- routed set --------------------------------------------------------------------------

@@ -1,11 +1,75 @@
-//! The autoscaling policy: how many replicas should be routed. (Static for now: `min`.)
+//! The autoscaling policy: how many replicas should be routed, from the queue-wait signal.
+//!
+//! Up is fast and evaluated on every report: when the lightly smoothed oldest wait exceeds the
+//! target, the routed count grows multiplicatively on wait ÷ target (damped, capped per step),
+//! never below what Little's law says the measured arrival rate and backlog need — unless the
+//! queue is already draining fast enough to clear within the target.
+//! Down is slow: only after the window average of the wait has stayed below `down_below × target`
+//! and the measured load fits in one replica fewer, for `down_stabilization`; then one replica per
+//! `down_step`. Scaling up late costs queued requests; scaling down early costs a cold start.
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
 
+/// Time constant of the wait's smoothing on the way down.
+const SMOOTHING: Duration = Duration::from_millis(500);
+/// Share of the excess ratio acted on per step: wait at 3× target asks for 2× the replicas.
+const DAMPING: f64 = 0.5;
+/// After a scale-up, the next one waits this long, so the new capacity can show in the queue.
+const UP_SETTLE: Duration = Duration::from_secs(2);
+/// Removing a replica must leave the rest at most this busy (by Little's law on measured rates).
+const DOWN_UTILISATION: f64 = 0.75;
+/// How far back the queue's trend is read.
+const TREND_SPAN: Duration = Duration::from_secs(2);
+/// Per-replica throughput is remembered with this weight per new estimate.
+const MU_WEIGHT: f64 = 0.3;
+/// How long a peak of arrival-rate growth counts when sizing the automatic pool.
+const GROWTH_MEMORY: Duration = Duration::from_secs(3600);
+/// Growth of the arrival rate is measured over this span.
+const GROWTH_SPAN: Duration = Duration::from_secs(60);
+
+/// One second of signal, for window averages.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    second: u64,
+    wait_sum: f64,
+    wait_max: f64,
+    depth_sum: f64,
+    rate: Option<f64>,
+    n: u32,
+}
+
+impl Bucket {
+    fn wait(&self) -> f64 {
+        self.wait_sum / self.n as f64
+    }
+    fn depth(&self) -> f64 {
+        self.depth_sum / self.n as f64
+    }
+}
+
 #[derive(Debug, Clone, Default)]
-pub struct Autoscaler {}
+pub struct Autoscaler {
+    smoothed: Option<(Time, f64)>,
+    last_up: Option<Time>,
+    last_down: Option<Time>,
+    /// When the signal began (for the first stabilization window).
+    first_seen: Option<Time>,
+    buckets: VecDeque<Bucket>,
+    /// Per-replica saturated throughput (requests/s), remembered between saturated episodes.
+    mu: Option<f64>,
+    /// Arrival rate per second, for growth.
+    rates: VecDeque<(Time, f64)>,
+    /// Peak growth of the arrival rate (requests/s per second) and when it was seen.
+    peak_growth: Option<(Time, f64)>,
+    time_to_ready: Option<Duration>,
+    /// The model has shown no work since.
+    idle_since: Option<Time>,
+}
 
 /// What the policy sees.
 #[derive(Debug, Clone)]
@@ -15,8 +79,12 @@ pub struct Inputs<'a> {
     pub min: u32,
     pub max: u32,
     pub signal: Option<ModelSignal>,
+    /// Ready, routed replicas: the only capacity there is.
     pub routed: u32,
+    /// What the policy asked for last.
     pub desired: u32,
+    /// Per-replica saturated throughput measured now, if any replica was saturated.
+    pub service_rate: Option<f64>,
     /// The call comes from a report (true) or the tick (false).
     pub on_report: bool,
 }
@@ -29,20 +97,298 @@ pub struct Decision {
 
 impl Autoscaler {
     /// A cold start finished after `d` (spawn → warm).
-    pub fn observe_time_to_ready(&mut self, d: std::time::Duration) {
-        let _ = d;
+    pub fn observe_time_to_ready(&mut self, d: Duration) {
+        self.time_to_ready = Some(match self.time_to_ready {
+            Some(old) => old.mul_f64(0.7) + d.mul_f64(0.3),
+            None => d,
+        });
     }
 
-    /// The warm pool `warm_pool = "auto"` asks for.
+    /// The warm pool `warm_pool = "auto"` asks for: enough to absorb the steepest recent growth
+    /// of the arrival rate for as long as a cold start takes (the seed formula). One replica until
+    /// there is data to size it.
     pub fn auto_pool(&self) -> u32 {
-        1
+        match (self.peak_growth, self.time_to_ready, self.mu) {
+            (Some((_, growth)), Some(ttr), Some(mu)) if mu > 0.0 => {
+                ((growth * ttr.as_secs_f64()) / mu).ceil().max(1.0) as u32
+            }
+            _ => 1,
+        }
+    }
+
+    /// Per-replica throughput as remembered.
+    pub fn service_rate(&self) -> Option<f64> {
+        self.mu
     }
 
     pub fn evaluate(&mut self, inp: &Inputs) -> Option<Decision> {
-        let to = inp.desired.clamp(inp.min, inp.max);
-        (to != inp.desired).then(|| Decision {
-            to,
-            reason: format!("within min {} and max {}", inp.min, inp.max),
+        let desired = inp.desired.clamp(inp.min, inp.max);
+        if desired != inp.desired {
+            return Some(Decision {
+                to: desired,
+                reason: format!("kept within min {} and max {}", inp.min, inp.max),
+            });
+        }
+        if let Some(mu) = inp.service_rate {
+            self.mu = Some(
+                self.mu
+                    .map_or(mu, |old| old * (1.0 - MU_WEIGHT) + mu * MU_WEIGHT),
+            );
+        }
+        // No fresh signal: hold. Silence is not calm.
+        let sig = inp.signal?;
+        let now = inp.now;
+        self.first_seen.get_or_insert(now);
+        let wait = self.smooth(now, sig.oldest_wait_ms);
+        self.record(now, &sig, wait);
+        let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
+        let working =
+            sig.in_flight > 0 || sig.queue_depth > 0 || sig.arrival_rate.is_some_and(|r| r > 0.0);
+        if working {
+            self.idle_since = None;
+        } else {
+            self.idle_since.get_or_insert(now);
+        }
+
+        // From zero: any sign of work starts (or promotes) a replica at once.
+        if desired == 0 {
+            if working || sig.oldest_wait_ms > 0.0 {
+                let to = inp.min.max(1).min(inp.max);
+                self.last_up = Some(now);
+                return Some(Decision {
+                    to,
+                    reason: "work arrived for a model at zero".into(),
+                });
+            }
+            return None;
+        }
+
+        if wait > target_ms {
+            return self.scale_up(inp, &sig, wait, target_ms, desired);
+        }
+        self.scale_down(inp, target_ms, desired)
+    }
+
+    /// Fast attack, smoothed release: a rise counts at once (the report that shows the need
+    /// should act), a fall is believed over `SMOOTHING`, so one quiet report does not read as calm.
+    fn smooth(&mut self, now: Time, wait: f64) -> f64 {
+        let s = match self.smoothed {
+            Some((_, prev)) if wait >= prev => wait,
+            Some((at, prev)) => {
+                let dt = now.since(at).as_secs_f64();
+                let alpha = 1.0 - (-dt / SMOOTHING.as_secs_f64()).exp();
+                prev + alpha * (wait - prev)
+            }
+            None => wait,
+        };
+        self.smoothed = Some((now, s));
+        s
+    }
+
+    fn record(&mut self, now: Time, sig: &ModelSignal, wait: f64) {
+        let second = now.0.as_secs();
+        match self.buckets.back_mut() {
+            Some(b) if b.second == second => {
+                b.wait_sum += wait;
+                b.wait_max = b.wait_max.max(wait);
+                b.depth_sum += sig.queue_depth as f64;
+                b.rate = sig.arrival_rate.or(b.rate);
+                b.n += 1;
+            }
+            _ => {
+                self.buckets.push_back(Bucket {
+                    second,
+                    wait_sum: wait,
+                    wait_max: wait,
+                    depth_sum: sig.queue_depth as f64,
+                    rate: sig.arrival_rate,
+                    n: 1,
+                });
+                if let Some(rate) = sig.arrival_rate {
+                    self.track_growth(now, rate);
+                }
+            }
+        }
+        // Keep what the longest window needs (down_stabilization is at most hours).
+        while self.buckets.len() > 4 * 3600 {
+            self.buckets.pop_front();
+        }
+    }
+
+    fn track_growth(&mut self, now: Time, rate: f64) {
+        self.rates.push_back((now, rate));
+        while self
+            .rates
+            .front()
+            .is_some_and(|(t, _)| now.since(*t) > GROWTH_SPAN)
+        {
+            self.rates.pop_front();
+        }
+        if let Some(&(t0, r0)) = self.rates.front() {
+            let span = now.since(t0).as_secs_f64();
+            if span >= GROWTH_SPAN.as_secs_f64() * 0.5 {
+                let growth = (rate - r0) / span;
+                let keep = self
+                    .peak_growth
+                    .filter(|(at, g)| now.since(*at) < GROWTH_MEMORY && *g >= growth);
+                self.peak_growth = keep.or(Some((now, growth.max(0.0))));
+            }
+        }
+    }
+
+    /// Buckets within `span` of now.
+    fn window(&self, now: Time, span: Duration) -> impl Iterator<Item = &Bucket> {
+        let from = now.0.as_secs().saturating_sub(span.as_secs());
+        self.buckets.iter().filter(move |b| b.second >= from)
+    }
+
+    fn scale_up(
+        &mut self,
+        inp: &Inputs,
+        sig: &ModelSignal,
+        wait: f64,
+        target_ms: f64,
+        desired: u32,
+    ) -> Option<Decision> {
+        let now = inp.now;
+        if desired >= inp.max {
+            return None;
+        }
+        if self
+            .last_up
+            .is_some_and(|t| now.since(t) < UP_SETTLE || sig.at <= t)
+        {
+            // Too soon for the last step to show, or no report since it: the evidence it acted
+            // on must not be counted twice.
+            return None;
+        }
+        let target_s = target_ms / 1000.0;
+        // The trend guard: a queue that is already emptying fast enough needs no new replicas
+        // (they would arrive after the work is done).
+        if let Some(clear_s) = self.clear_time(now, sig) {
+            if clear_s <= target_s {
+                return None;
+            }
+        }
+        let ratio = wait / target_ms;
+        let base = inp.routed.max(1) as f64;
+        let by_wait = (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32;
+        // Little's law: enough replicas to serve the arrival rate and to drain the backlog
+        // within the target.
+        let by_rate = match (sig.arrival_rate, self.mu) {
+            (Some(lambda), Some(mu)) if mu > 0.0 => {
+                Some(((lambda + sig.queue_depth as f64 / target_s) / mu).ceil() as u32)
+            }
+            _ => None,
+        };
+        let want = by_wait.max(by_rate.unwrap_or(0));
+        let capped = want.min(desired + inp.scaling.max_up_step).min(inp.max);
+        if capped <= desired {
+            return None;
+        }
+        self.last_up = Some(now);
+        let mut reason = format!(
+            "oldest wait {:.0} ms > target {:.0} ms (×{:.1})",
+            wait, target_ms, ratio
+        );
+        if let Some(n) = by_rate {
+            reason.push_str(&format!("; arrivals and backlog need {n}"));
+        }
+        if capped < want {
+            reason.push_str(&format!(
+                "; capped at +{} per step",
+                inp.scaling.max_up_step
+            ));
+        }
+        Some(Decision { to: capped, reason })
+    }
+
+    /// Seconds until the queue empties at its current rate of decline, if it is declining.
+    fn clear_time(&self, now: Time, sig: &ModelSignal) -> Option<f64> {
+        if sig.queue_depth == 0 {
+            return Some(0.0);
+        }
+        let last = self.buckets.back()?;
+        let earlier = self
+            .buckets
+            .iter()
+            .rev()
+            .find(|b| now.0.as_secs().saturating_sub(b.second) >= TREND_SPAN.as_secs())?;
+        let dt = (last.second - earlier.second) as f64;
+        let decline = (earlier.depth() - last.depth()) / dt;
+        (decline > 0.0).then(|| sig.queue_depth as f64 / decline)
+    }
+
+    fn scale_down(&mut self, inp: &Inputs, target_ms: f64, desired: u32) -> Option<Decision> {
+        let now = inp.now;
+        let s = inp.scaling;
+        // Scale to zero: only after idle_to_zero with no work at all.
+        if inp.min == 0 {
+            if let Some(since) = self.idle_since {
+                if now.since(since) >= s.idle_to_zero
+                    && self.last_up.is_none_or(|t| now.since(t) >= s.idle_to_zero)
+                {
+                    self.last_down = Some(now);
+                    return Some(Decision {
+                        to: 0,
+                        reason: format!("no work for {}", super::node::fmt_dur(s.idle_to_zero)),
+                    });
+                }
+            }
+        }
+        let floor = inp.min.max(1);
+        if desired <= floor || inp.routed < desired {
+            return None;
+        }
+        // The calm must have lasted a whole window since the last scale-up (and since the signal
+        // began), and a step since the last scale-down.
+        let since = self.last_up.max(self.first_seen)?;
+        if now.since(since) < s.down_stabilization {
+            return None;
+        }
+        if self.last_down.is_some_and(|t| now.since(t) < s.down_step) {
+            return None;
+        }
+        let window: Vec<&Bucket> = self.window(now, s.down_stabilization).collect();
+        if window.is_empty() {
+            return None;
+        }
+        let n = window.len() as f64;
+        let avg_wait = window.iter().map(|b| b.wait()).sum::<f64>() / n;
+        let calm_ms = s.down_below * target_ms;
+        if avg_wait >= calm_ms || window.iter().any(|b| b.wait_max > target_ms) {
+            return None;
+        }
+        // Not busy: the average load must fit in one replica fewer.
+        let rates: Vec<f64> = window.iter().filter_map(|b| b.rate).collect();
+        let fits = match (rates.is_empty(), self.mu) {
+            (false, Some(mu)) if mu > 0.0 => {
+                let lambda = rates.iter().sum::<f64>() / rates.len() as f64;
+                let after = lambda / (mu * (desired - 1) as f64);
+                (after <= DOWN_UTILISATION).then(|| {
+                    format!(
+                        "load {lambda:.1}/s fits {} replicas at {:.0} %",
+                        desired - 1,
+                        after * 100.0
+                    )
+                })
+            }
+            // Without rates, the queue must have been empty on average.
+            _ => {
+                let depth = window.iter().map(|b| b.depth()).sum::<f64>() / n;
+                (depth < 0.5).then(|| "no queue".to_string())
+            }
+        };
+        let fits = fits?;
+        self.last_down = Some(now);
+        Some(Decision {
+            to: desired - 1,
+            reason: format!(
+                "calm for {}: average oldest wait {:.0} ms < {:.0} ms; {fits}",
+                super::node::fmt_dur(s.down_stabilization),
+                avg_wait,
+                calm_ms
+            ),
         })
     }
 }

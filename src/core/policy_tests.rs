@@ -1,0 +1,368 @@
+//! Autoscaling tests of the core with virtual time.
+
+use std::time::Duration;
+
+use super::tests::{model, routed_sets, spawns, Harness, BASE};
+use super::*;
+use crate::protocol::{Report, Request, WatchEvent};
+
+fn scaled(scaling: &str) -> Harness {
+    let toml = format!("{BASE}{}", model("m", "", scaling));
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    h
+}
+
+const DEFAULT: &str = "min = 2\nmax = 10\nwarm_pool = 1\ntarget_wait = \"500ms\"\ndown_stabilization = \"5m\"\ndown_step = \"1m\"\nmax_up_step = 4";
+
+fn desired(h: &Harness) -> u32 {
+    h.node.models["m"].desired_routed
+}
+
+fn scale_events(actions: &[Action]) -> Vec<(u32, u32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Publish(WatchEvent::Scale { from, to, .. }) => Some((*from, *to)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A model-wide report with counters.
+fn wide(
+    h: &mut Harness,
+    wait: f64,
+    depth: u64,
+    in_flight: u64,
+    arrived: u64,
+    completed: u64,
+) -> Vec<Action> {
+    let before = h.log.len();
+    let r = Report {
+        model: "m".into(),
+        replica: None,
+        oldest_wait_ms: Some(wait),
+        queue_depth: Some(depth),
+        in_flight: Some(in_flight),
+        arrived: Some(arrived),
+        completed: Some(completed),
+    };
+    let resp = h.request(Peer::trusted(), Request::Report(r));
+    assert_eq!(resp["ok"], true, "{resp}");
+    h.log[before..].to_vec()
+}
+
+/// Reports from every routed replica, each with the given queue.
+fn every_routed(h: &mut Harness, wait: f64, depth: u64, in_flight: u64) -> Vec<Action> {
+    let before = h.log.len();
+    for id in h.in_state("m", ReplicaState::Routed) {
+        h.report("m", Some(&id.0), wait, depth, in_flight);
+    }
+    h.log[before..].to_vec()
+}
+
+/// Spawns and warms whatever `actions` started, and returns nothing.
+fn bring_up(h: &mut Harness, actions: Vec<Action>) {
+    h.settle(actions);
+}
+
+#[test]
+fn the_report_over_target_promotes_the_warm_replica_in_the_same_event_and_starts_cold_ones_behind()
+{
+    let mut h = scaled(DEFAULT);
+    let warm = h.in_state("m", ReplicaState::Warm)[0].clone();
+    let r = h.in_state("m", ReplicaState::Routed)[0].clone();
+    let before = h.log.len();
+    h.report("m", Some(&r.0), 1500.0, 12, 16);
+    let out = h.log[before..].to_vec();
+    // ×3 the target: damped to ×2 of the 2 routed.
+    assert_eq!(scale_events(&out), vec![(2, 4)]);
+    let sets = routed_sets(&out);
+    assert!(
+        sets.last().unwrap().contains(&warm.0),
+        "promoted in the same event: {sets:?}"
+    );
+    // One more routed is needed and the pool must refill: two cold starts behind.
+    assert_eq!(spawns(&out), 2);
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 3);
+    let st = h.node.status(Some("m"), h.now);
+    let ls = st.models[0].last_scale.clone().unwrap();
+    assert!(
+        ls.reason.contains("oldest wait 1500 ms > target 500 ms"),
+        "{}",
+        ls.reason
+    );
+    // The cold ones, once warm, are routed (desired 4) and the pool holds one.
+    bring_up(&mut h, out);
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 4);
+    assert_eq!(h.in_state("m", ReplicaState::Warm).len(), 1);
+}
+
+#[test]
+fn a_burst_is_capped_per_step_and_steps_follow_while_the_wait_stays_high() {
+    let mut h = scaled(&DEFAULT.replace("max = 10", "max = 20"));
+    let out = every_routed(&mut h, 20_000.0, 200, 216);
+    assert_eq!(scale_events(&out), vec![(2, 6)], "+4 at most per step");
+    // Within the settle time no second step, however high the wait.
+    h.now = h.now + Duration::from_secs(1);
+    assert!(scale_events(&every_routed(&mut h, 21_000.0, 220, 236)).is_empty());
+    h.now = h.now + Duration::from_millis(1500);
+    let out = every_routed(&mut h, 22_000.0, 240, 256);
+    assert_eq!(scale_events(&out), vec![(6, 10)]);
+}
+
+#[test]
+fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
+    let mut h = scaled(
+        &DEFAULT
+            .replace("max = 10", "max = 30")
+            .replace("max_up_step = 4", "max_up_step = 20"),
+    );
+    let routed = h.in_state("m", ReplicaState::Routed);
+    // Each routed replica saturated: queue at both ends, 4 completions/s each.
+    for s in 0..=3u64 {
+        for (i, id) in routed.iter().enumerate() {
+            let r = Report {
+                model: "m".into(),
+                replica: Some(id.0.clone()),
+                oldest_wait_ms: Some(100.0),
+                queue_depth: Some(5),
+                in_flight: Some(13),
+                arrived: Some(1000 * i as u64 + 20 * s),
+                completed: Some(1000 * i as u64 + 4 * s),
+            };
+            h.request(Peer::trusted(), Request::Report(r));
+        }
+        h.now = h.now + Duration::from_secs(1);
+    }
+    assert_eq!(desired(&h), 2, "100 ms < target: no scale-up yet");
+    // Now the wait is just over target (×1.2: the wait law alone says 3) while 40/s arrive and
+    // 10 wait: Little says (40 + 10/0.5) / 4 = 15.
+    let before = h.log.len();
+    for (i, id) in routed.iter().enumerate() {
+        let r = Report {
+            model: "m".into(),
+            replica: Some(id.0.clone()),
+            oldest_wait_ms: Some(600.0),
+            queue_depth: Some(5),
+            in_flight: Some(13),
+            arrived: Some(1000 * i as u64 + 20 * 4),
+            completed: Some(1000 * i as u64 + 4 * 4),
+        };
+        h.request(Peer::trusted(), Request::Report(r));
+    }
+    let ev = scale_events(&h.log[before..]);
+    assert_eq!(ev, vec![(2, 15)], "{ev:?}");
+}
+
+#[test]
+fn no_scale_up_while_the_queue_already_clears_within_the_target() {
+    let mut h = scaled(DEFAULT);
+    // The backlog falls by about 10 a second; once over target only 2 are left: clears in 0.2 s.
+    for (i, depth) in [50u64, 40, 30, 20, 10].into_iter().enumerate() {
+        let out = wide(&mut h, 400.0 + 10.0 * i as f64, depth, depth + 16, 0, 0);
+        assert!(scale_events(&out).is_empty());
+        h.now = h.now + Duration::from_secs(1);
+    }
+    let out = wide(&mut h, 900.0, 2, 18, 0, 0);
+    assert!(scale_events(&out).is_empty(), "draining fast enough: hold");
+    // A backlog that grows again is another matter.
+    h.now = h.now + Duration::from_secs(2);
+    let out = wide(&mut h, 1000.0, 30, 46, 0, 0);
+    assert_eq!(scale_events(&out).len(), 1);
+}
+
+#[test]
+fn a_noisy_signal_around_the_target_does_not_flap() {
+    let mut h = scaled(DEFAULT);
+    let mut events = Vec::new();
+    // The wait answers capacity: 2 routed see ~500 ms, more see proportionally less; ±15 % noise.
+    let mut x: u64 = 7;
+    for _ in 0..(20 * 60 * 4) {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let noise = ((x >> 33) % 300) as f64 / 1000.0 - 0.15;
+        let routed = h.in_state("m", ReplicaState::Routed).len().max(1) as f64;
+        let wait = 500.0 * 2.0 / routed * (1.0 + noise);
+        let out = wide(&mut h, wait, 2, 10, 0, 0);
+        events.extend(scale_events(&out));
+        let out = h.advance(Duration::from_millis(250));
+        events.extend(scale_events(&out));
+        bring_up(&mut h, out);
+        let last = h.log.clone();
+        bring_up(&mut h, last[last.len().saturating_sub(40)..].to_vec());
+    }
+    let ups = events.iter().filter(|(f, t)| t > f).count();
+    let downs = events.iter().filter(|(f, t)| t < f).count();
+    assert!(ups <= 2, "{events:?}");
+    assert_eq!(downs, 0, "never calm enough to scale down: {events:?}");
+}
+
+#[test]
+fn scale_down_waits_for_a_calm_window_then_steps_one_replica_per_down_step() {
+    let mut h = scaled(DEFAULT);
+    let out = every_routed(&mut h, 1500.0, 12, 16);
+    bring_up(&mut h, out);
+    assert_eq!(desired(&h), 4);
+    let mut events = Vec::new();
+    let start = h.now;
+    // Calm: low wait, no queue (no rates known: an empty queue on average is "not busy").
+    for _ in 0..(8 * 60) {
+        let out = every_routed(&mut h, 20.0, 0, 1);
+        events.extend(
+            scale_events(&out)
+                .into_iter()
+                .map(|e| (h.now.since(start).as_secs(), e)),
+        );
+        let out = h.advance(Duration::from_secs(1));
+        events.extend(
+            scale_events(&out)
+                .into_iter()
+                .map(|e| (h.now.since(start).as_secs(), e)),
+        );
+    }
+    let downs: Vec<_> = events.iter().filter(|(_, (f, t))| t < f).collect();
+    assert_eq!(downs.len(), 2, "{events:?}");
+    assert!(
+        downs[0].0 >= 300 && downs[0].0 <= 302,
+        "first after 5 min: {downs:?}"
+    );
+    assert!(
+        downs[1].0 - downs[0].0 >= 60 && downs[1].0 - downs[0].0 <= 62,
+        "then one per minute: {downs:?}"
+    );
+    // The first removed replica went back to the pool (it was full: 1 warm) → drained instead.
+    assert!(
+        !h.in_state("m", ReplicaState::Draining).is_empty()
+            || !h.in_state("m", ReplicaState::Stopping).is_empty()
+    );
+    assert_eq!(desired(&h), 2, "never below min");
+}
+
+#[test]
+fn a_stale_signal_holds_the_size() {
+    let mut h = scaled(DEFAULT);
+    let out = every_routed(&mut h, 1500.0, 12, 16);
+    bring_up(&mut h, out);
+    assert_eq!(desired(&h), 4);
+    // Silence for an hour: reports stop (stale_after is 5 s). Never read as calm, and the old
+    // report is not acted on twice.
+    let out = h.run_for(Duration::from_secs(3600));
+    assert!(scale_events(&out).is_empty());
+    assert_eq!(desired(&h), 4);
+    assert_eq!(
+        h.node.status(Some("m"), h.now).models[0].signal.age_ms,
+        None
+    );
+}
+
+#[test]
+fn scale_to_zero_after_idle_and_back_on_the_next_report() {
+    let mut h = scaled("min = 0\nmax = 4\nwarm_pool = 0\ntarget_wait = \"500ms\"\nidle_to_zero = \"2m\"\ndown_stabilization = \"30s\"");
+    // min 0 starts at zero: demand brings the first replica at once.
+    assert_eq!(desired(&h), 0);
+    let out = wide(&mut h, 0.0, 1, 1, 0, 0);
+    assert_eq!(scale_events(&out), vec![(0, 1)]);
+    bring_up(&mut h, out);
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 1);
+    // Idle (reports say: nothing in flight, nothing queued) for 2 minutes.
+    let mut events = Vec::new();
+    for _ in 0..(3 * 60) {
+        events.extend(scale_events(&wide(&mut h, 0.0, 0, 0, 0, 0)));
+        events.extend(scale_events(&h.advance(Duration::from_secs(1))));
+    }
+    assert_eq!(events, vec![(1, 0)]);
+    assert!(h.in_state("m", ReplicaState::Routed).is_empty());
+    // A report at zero starts a replica at once.
+    let out = wide(&mut h, 0.0, 3, 3, 0, 0);
+    assert_eq!(scale_events(&out), vec![(0, 1)]);
+    assert_eq!(spawns(&out), 1);
+}
+
+#[test]
+fn a_model_at_zero_with_a_pool_promotes_at_once() {
+    let mut h = scaled("min = 0\nmax = 4\nwarm_pool = 1\ntarget_wait = \"500ms\"");
+    assert_eq!(
+        h.in_state("m", ReplicaState::Warm).len(),
+        1,
+        "the pool exists at zero"
+    );
+    let out = wide(&mut h, 0.0, 1, 1, 0, 0);
+    assert_eq!(routed_sets(&out).len(), 1, "promoted in the same event");
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 1);
+}
+
+#[test]
+fn auto_pool_sizes_headroom_from_growth_time_to_ready_and_throughput() {
+    let mut a = policy::Autoscaler::default();
+    assert_eq!(a.auto_pool(), 1, "one until there is data");
+    let cfg = crate::config::Config::parse(
+        &format!("{BASE}{}", model("m", "", "min = 1\nmax = 40")),
+        std::path::Path::new("t"),
+    )
+    .unwrap();
+    let scaling = cfg.models[0].scaling.clone();
+    a.observe_time_to_ready(Duration::from_secs(60));
+    // Arrivals grow by 0.5 req/s every second for two minutes; each replica serves 5/s.
+    for s in 0..120u64 {
+        let sig = signal::ModelSignal {
+            at: Time::from_millis(s * 1000),
+            oldest_wait_ms: 0.0,
+            queue_depth: 0,
+            in_flight: 1,
+            arrival_rate: Some(10.0 + 0.5 * s as f64),
+            sources: 1,
+        };
+        let inp = policy::Inputs {
+            now: sig.at,
+            scaling: &scaling,
+            min: 1,
+            max: 40,
+            signal: Some(sig),
+            routed: 40,
+            desired: 40,
+            service_rate: Some(5.0),
+            on_report: true,
+        };
+        a.evaluate(&inp);
+    }
+    // 0.5/s per second × 60 s ÷ 5/s = 6 replicas of headroom.
+    assert_eq!(a.auto_pool(), 6);
+}
+
+#[test]
+fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
+    let mut h = scaled(DEFAULT);
+    let resp = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(3),
+            max: None,
+            warm_pool: Some(crate::protocol::WarmPoolSetting::Count(2)),
+        },
+    );
+    assert_eq!(resp["ok"], true);
+    assert_eq!(desired(&h), 3);
+    let persisted = h.log.iter().rev().find_map(|a| match a {
+        Action::PersistOverrides(v) => Some(v.clone()),
+        _ => None,
+    });
+    assert_eq!(persisted.unwrap()["m"]["min"], 3);
+    let st = h.node.status(Some("m"), h.now);
+    assert_eq!((st.models[0].min, st.models[0].desired_warm), (3, 2));
+    let bad = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(12),
+            max: None,
+            warm_pool: None,
+        },
+    );
+    assert_eq!(bad["error"], "bad_request", "min above max is refused");
+    assert_eq!(desired(&h), 3, "and changes nothing");
+}
