@@ -16,7 +16,7 @@ use super::access::Access;
 use super::control::{self, Control};
 use super::inventory::Inventory;
 use super::supervisor::Supervisor;
-use super::{probe, state};
+use super::{probe, scrape, state};
 use crate::config::Config;
 use crate::core::{Action, Event, LogLevel, Node, Peer, Time};
 use crate::protocol::{ErrorCode, Failure, Request, WatchEvent};
@@ -282,6 +282,21 @@ impl Effects {
                                 kind,
                                 outcome,
                             }))
+                            .await;
+                    });
+                }
+                Action::Scrape {
+                    replica,
+                    url,
+                    format,
+                    timeout,
+                } => {
+                    let client = self.probes.clone();
+                    let tx = self.tx.clone();
+                    self.tracker.spawn(async move {
+                        let outcome = scrape::run(&client, &url, format, timeout).await;
+                        let _ = tx
+                            .send(ShellMsg::Event(Event::Scraped { replica, outcome }))
                             .await;
                     });
                 }

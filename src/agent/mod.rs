@@ -7,5 +7,6 @@ pub mod inventory;
 pub mod logging;
 pub mod nvml;
 pub mod probe;
+pub mod scrape;
 pub mod state;
 pub mod supervisor;

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::gpu::GpuDevice;
 use super::replica::ReplicaId;
-use crate::config::Config;
+use crate::config::{Config, ScrapeFormat};
 use crate::protocol::{Request, Role, WatchEvent};
 
 /// Ties a control request to its answer; chosen by the shell.
@@ -79,6 +79,18 @@ pub struct SpawnSpec {
     pub prefetch: Vec<String>,
 }
 
+/// What a scrape of a model server's own metrics says about its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ScrapedQueue {
+    pub queue_depth: u64,
+    pub in_flight: u64,
+    /// The server's own measure of queue wait, where it has one; otherwise the core bounds the
+    /// oldest wait by how long the queue has been continuously non-empty.
+    pub oldest_wait_ms: Option<f64>,
+    pub arrived: Option<u64>,
+    pub completed: Option<u64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopSignal {
     /// SIGTERM to the process group: the server's own graceful stop.
@@ -118,6 +130,11 @@ pub enum Event {
         kind: ProbeKind,
         outcome: ProbeOutcome,
     },
+    /// A scrape of a replica's metrics finished.
+    Scraped {
+        replica: ReplicaId,
+        outcome: Result<ScrapedQueue, String>,
+    },
     /// A control-socket request, already authenticated; answered by `Action::Reply`.
     Request {
         id: RequestId,
@@ -151,6 +168,13 @@ pub enum Action {
         kind: ProbeKind,
         after: Duration,
         spec: ProbeSpec,
+    },
+    /// Fetch the replica's metrics once and report `Event::Scraped`.
+    Scrape {
+        replica: ReplicaId,
+        url: String,
+        format: ScrapeFormat,
+        timeout: Duration,
     },
     Reply {
         id: RequestId,

@@ -88,6 +88,7 @@ impl Node {
                 ReplicaState::Pending => {}
             }
         }
+        self.schedule_scrapes(now, out);
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
             self.autoscale(&name, now, false, out);

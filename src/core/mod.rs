@@ -13,14 +13,15 @@ mod policy_tests;
 mod reconcile;
 mod reload;
 mod replica;
+mod scrape;
 mod signal;
 pub mod status;
 #[cfg(test)]
 mod tests;
 
 pub use event::{
-    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, RequestId, SpawnSpec,
-    StopSignal,
+    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, RequestId, ScrapedQueue,
+    SpawnSpec, StopSignal,
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;

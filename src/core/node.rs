@@ -91,6 +91,7 @@ impl Node {
                 kind,
                 outcome,
             } => self.probed(&replica, kind, outcome, now, &mut out),
+            Event::Scraped { replica, outcome } => self.scraped(&replica, outcome, now, &mut out),
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
             Event::Reload { id, config } => self.reload(id, *config, now, &mut out),
             Event::Inventory(devices) => self.gpus.update(devices),
@@ -281,6 +282,23 @@ impl Node {
         }
         self.autoscale(&report.model, now, true, out);
         Ok(())
+    }
+
+    /// Stores a replica's queue sample; a draining replica with no work left is stopped.
+    pub(super) fn record_replica_sample(
+        &mut self,
+        id: &ReplicaId,
+        sample: Sample,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
+        r.signal.record(sample);
+        if r.state == ReplicaState::Draining && sample.in_flight == 0 && sample.queue_depth == 0 {
+            self.stop(id, "drained: no work in flight", false, now, out);
+        }
     }
 
     fn drain_request(&mut self, id: &str, now: Time, out: &mut Vec<Action>) -> Result<(), Failure> {

@@ -95,6 +95,12 @@ pub struct Replica {
     /// Counts as a failure when it exits (it was stopped because it failed).
     pub failed: bool,
     pub signal: ReplicaSignal,
+    /// Scraping the server's metrics: next due, one out, failing (logged once per episode).
+    pub scrape_next: Time,
+    pub scrape_in_flight: bool,
+    pub scrape_failing: bool,
+    /// Since when scrapes have seen a non-empty queue.
+    pub queue_nonempty_since: Option<Time>,
 }
 
 impl Replica {
@@ -122,6 +128,10 @@ impl Replica {
             killed: false,
             failed: false,
             signal: ReplicaSignal::default(),
+            scrape_next: now,
+            scrape_in_flight: false,
+            scrape_failing: false,
+            queue_nonempty_since: None,
         }
     }
 
