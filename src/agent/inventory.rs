@@ -29,6 +29,7 @@ impl StaticInventory {
                 name: d.name.clone(),
                 memory_total: d.memory,
                 memory_foreign: 0,
+                topology: None,
             })
             .collect();
         StaticInventory {

@@ -49,6 +49,7 @@ impl Inventory for NvmlInventory {
                     name: d.name().unwrap_or_else(|_| "unknown".into()),
                     memory_total: mem.total,
                     memory_foreign: 0,
+                    topology: None,
                 })
             })
             .collect()

@@ -148,6 +148,17 @@ pub enum Event {
     },
     /// The devices the inventory sees now (at start, and when it changes).
     Inventory(Vec<GpuDevice>),
+    /// An XID error NVML reported for a device.
+    GpuXid {
+        uuid: String,
+        xid: u64,
+    },
+    /// Memory in use on a device (every process), and how much each process group holds there.
+    GpuMemory {
+        uuid: String,
+        used: u64,
+        by_group: Vec<(u32, u64)>,
+    },
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,

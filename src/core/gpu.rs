@@ -15,6 +15,9 @@ pub struct GpuDevice {
     pub memory_total: u64,
     /// Memory held by processes hearth did not start.
     pub memory_foreign: u64,
+    /// Devices with the same value share a NUMA node or PCIe root (as NVML tells); multi-GPU
+    /// replicas prefer such sets.
+    pub topology: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -25,7 +28,11 @@ pub struct GpuSlot {
     pub exclusive: bool,
     pub healthy: bool,
     pub cordoned: bool,
+    /// Replicas move off: unhealthy, or cordoned with `evacuate`.
+    pub evacuate: bool,
     pub note: String,
+    /// Memory in use on the device by every process, as NVML last said.
+    pub memory_used: Option<u64>,
     pub replicas: Vec<ReplicaId>,
 }
 
@@ -76,7 +83,9 @@ impl GpuTable {
                     exclusive: false,
                     healthy: true,
                     cordoned: false,
+                    evacuate: false,
                     note: String::new(),
+                    memory_used: None,
                     replicas: Vec::new(),
                 }),
             }
@@ -86,6 +95,7 @@ impl GpuTable {
             if !s.replicas.is_empty() && !slots.iter().any(|n| n.device.uuid == s.device.uuid) {
                 let mut gone = s.clone();
                 gone.healthy = false;
+                gone.evacuate = true;
                 gone.note = "no longer reported by the inventory".into();
                 slots.push(gone);
             }
@@ -135,11 +145,7 @@ impl GpuTable {
             Placement::Pack => fits.sort_by_key(|&(i, free)| (free, i)),
             Placement::Spread => fits.sort_by_key(|&(i, free)| (std::cmp::Reverse(free), i)),
         }
-        let devices: Vec<usize> = fits
-            .into_iter()
-            .take(count as usize)
-            .map(|(i, _)| i)
-            .collect();
+        let devices = self.choose(&fits, count as usize);
         let bytes = match bytes {
             Some(b) => b,
             None => devices
@@ -149,6 +155,40 @@ impl GpuTable {
                 .unwrap_or(0),
         };
         Ok(Placed { devices, bytes })
+    }
+
+    /// The first `count` devices in preference order, from one topology group (NUMA node or
+    /// PCIe root) when some group holds enough; across groups otherwise.
+    fn choose(&self, ordered: &[(usize, u64)], count: usize) -> Vec<usize> {
+        if count > 1 {
+            let mut groups: Vec<&str> = Vec::new();
+            for &(i, _) in ordered {
+                if let Some(t) = self.slots[i].device.topology.as_deref() {
+                    if !groups.contains(&t) {
+                        groups.push(t);
+                    }
+                }
+            }
+            for g in groups {
+                let same: Vec<usize> = ordered
+                    .iter()
+                    .filter(|&&(i, _)| self.slots[i].device.topology.as_deref() == Some(g))
+                    .map(|&(i, _)| i)
+                    .take(count)
+                    .collect();
+                if same.len() == count {
+                    return same;
+                }
+            }
+        }
+        ordered.iter().take(count).map(|&(i, _)| i).collect()
+    }
+
+    /// Any of these devices is being left (unhealthy, or cordoned to evacuate).
+    pub fn leaving(&self, devices: &[usize]) -> bool {
+        devices
+            .iter()
+            .any(|&i| self.slots.get(i).is_some_and(|s| s.evacuate))
     }
 
     pub fn reserve(&mut self, replica: &ReplicaId, placed: &Placed, exclusive: bool) {
@@ -222,6 +262,7 @@ mod tests {
             name: "fake".into(),
             memory_total: total_gib * GIB,
             memory_foreign: 0,
+            topology: None,
         }
     }
 
@@ -275,6 +316,30 @@ mod tests {
         assert!(!p.devices.contains(&2));
         let err = t.place(3, Some(40 * GIB), Placement::Pack).unwrap_err();
         assert!(err.contains("needs 3 GPU(s)"), "{err}");
+    }
+
+    #[test]
+    fn multi_gpu_prefers_devices_of_one_numa_node() {
+        let mut devices: Vec<GpuDevice> = (0..4).map(|i| dev(i, 80)).collect();
+        for (i, d) in devices.iter_mut().enumerate() {
+            d.topology = Some(format!("numa{}", i % 2));
+        }
+        let t = GpuTable::new(devices);
+        let p = t.place(2, Some(GIB), Placement::Pack).unwrap();
+        let groups: Vec<_> = p
+            .devices
+            .iter()
+            .map(|&i| t.slots[i].device.topology.clone())
+            .collect();
+        assert_eq!(groups[0], groups[1], "{p:?}");
+        // No group holds 3: placement still succeeds across groups.
+        assert_eq!(
+            t.place(3, Some(GIB), Placement::Pack)
+                .unwrap()
+                .devices
+                .len(),
+            3
+        );
     }
 
     #[test]

@@ -4,12 +4,16 @@
 
 mod event;
 mod gpu;
+#[cfg(test)]
+mod gpu_tests;
+mod health;
 mod lifecycle;
 mod model;
 mod node;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+mod reclaim;
 mod reconcile;
 mod reload;
 mod replica;

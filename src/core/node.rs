@@ -95,6 +95,12 @@ impl Node {
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
             Event::Reload { id, config } => self.reload(id, *config, now, &mut out),
             Event::Inventory(devices) => self.gpus.update(devices),
+            Event::GpuXid { uuid, xid } => self.xid(&uuid, xid, now, &mut out),
+            Event::GpuMemory {
+                uuid,
+                used,
+                by_group,
+            } => self.gpu_memory(&uuid, used, &by_group, &mut out),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);
@@ -192,10 +198,10 @@ impl Node {
                 reason,
                 evacuate,
             } => self
-                .cordon(&gpu, true, reason, evacuate, now, out)
+                .cordon(&gpu, true, reason, evacuate, out)
                 .map(|_| protocol::ok()),
             Request::Uncordon { gpu } => self
-                .cordon(&gpu, false, None, false, now, out)
+                .cordon(&gpu, false, None, false, out)
                 .map(|_| protocol::ok()),
             Request::Reload => Err(Failure::new(
                 ErrorCode::BadRequest,
@@ -471,30 +477,6 @@ impl Node {
             .map(|(k, m)| (k.as_str(), &m.overrides))
             .collect();
         serde_json::to_value(map).unwrap_or_default()
-    }
-
-    fn cordon(
-        &mut self,
-        gpu: &str,
-        cordon: bool,
-        reason: Option<String>,
-        _evacuate: bool,
-        _now: Time,
-        out: &mut Vec<Action>,
-    ) -> Result<(), Failure> {
-        let i = self
-            .gpus
-            .find(gpu)
-            .ok_or_else(|| Failure::new(ErrorCode::UnknownGpu, format!("no GPU {gpu:?}")))?;
-        let s = &mut self.gpus.slots[i];
-        s.cordoned = cordon;
-        s.note = reason.unwrap_or_default();
-        out.push(Action::Publish(WatchEvent::Gpu {
-            uuid: s.device.uuid.clone(),
-            healthy: s.healthy,
-            cordoned: s.cordoned,
-        }));
-        Ok(())
     }
 
     // ---- signal ------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ use crate::config::WarmPool;
 /// How many of each state a model has now.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Counts {
+    /// Routed on healthy devices: the capacity that stays.
     pub routed: u32,
+    /// Routed on a device being left; drained once replacements are routed.
+    pub leaving: u32,
     pub warm: u32,
     pub starting: u32,
     pub pending: u32,
@@ -33,6 +36,7 @@ impl Node {
         let mut c = Counts::default();
         for r in self.replicas.values().filter(|r| r.model == model) {
             match r.state {
+                ReplicaState::Routed if self.gpus.leaving(&r.gpus) => c.leaving += 1,
                 ReplicaState::Routed => c.routed += 1,
                 ReplicaState::Warm => c.warm += 1,
                 ReplicaState::Starting => c.starting += 1,
@@ -71,6 +75,27 @@ impl Node {
         let pool = self.desired_warm(name);
         let recheck = m.config.warmup.recheck;
 
+        // Moving off a device: replicas that serve nothing there go at once; routed ones wait
+        // for their replacement (below).
+        let idle_on_leaving: Vec<ReplicaId> = self
+            .replicas
+            .values()
+            .filter(|r| {
+                r.model == name && matches!(r.state, ReplicaState::Warm | ReplicaState::Starting)
+            })
+            .filter(|r| self.gpus.leaving(&r.gpus))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in idle_on_leaving {
+            self.stop(
+                &id,
+                "moving off a GPU that is being evacuated",
+                false,
+                now,
+                out,
+            );
+        }
+
         // Promote warm replicas first: milliseconds, not a cold start.
         let mut c = self.counts(name);
         while c.routed < desired {
@@ -89,6 +114,25 @@ impl Node {
                 format!("promoted: routed {} of {desired}", c.routed),
                 out,
             );
+        }
+
+        // Routed replicas on a device being left drain once the healthy ones cover `desired`;
+        // until then they keep serving, so routed capacity never drops for an evacuation.
+        while c.leaving > 0 && c.routed >= desired {
+            let Some(id) = self.pick(
+                name,
+                |r| r.state == ReplicaState::Routed && self.gpus.leaving(&r.gpus),
+                false,
+            ) else {
+                break;
+            };
+            self.begin_drain(
+                &id,
+                "moving off a GPU that is being evacuated; its replacement is routed",
+                now,
+                out,
+            );
+            c.leaving -= 1;
         }
 
         // Too many routed: back to the pool if it is short, else drain.
@@ -183,19 +227,25 @@ impl Node {
 
     /// Gives pending replicas a port and GPUs, oldest first, once their back-off has passed.
     fn place_pending(&mut self, now: Time, out: &mut Vec<Action>) {
-        let mut pending: Vec<(u64, ReplicaId)> = self
+        // Higher priority first, then oldest: a model that reclaimed GPUs gets them.
+        let mut pending: Vec<(i32, Time, u64, ReplicaId)> = self
             .replicas
             .values()
             .filter(|r| r.state == ReplicaState::Pending)
-            .map(|r| (r.n, r.id.clone()))
+            .map(|r| {
+                let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
+                (-prio, r.created, r.n, r.id.clone())
+            })
             .collect();
         pending.sort();
         let mut blocked: std::collections::BTreeMap<String, Option<String>> = Default::default();
         for m in self.models.keys() {
             blocked.insert(m.clone(), None);
         }
-        for (_, id) in pending {
-            let r = &self.replicas[&id];
+        for (_, _, _, id) in pending {
+            let Some(r) = self.replicas.get(&id) else {
+                continue;
+            };
             let model = r.model.clone();
             let m = &self.models[&model];
             if now < m.backoff_until {
@@ -211,6 +261,10 @@ impl Node {
                 {
                     Ok(p) => p,
                     Err(why) => {
+                        let why = match self.reclaim_for(&id, now, out) {
+                            Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
+                            None => why,
+                        };
                         let r = self.replicas.get_mut(&id).expect("present");
                         r.reason = why.clone();
                         blocked.insert(model, Some(why));

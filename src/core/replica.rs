@@ -99,6 +99,12 @@ pub struct Replica {
     pub scrape_next: Time,
     pub scrape_in_flight: bool,
     pub scrape_failing: bool,
+    /// Leaving because a higher-priority model reclaimed its GPUs (that model's name).
+    pub reclaimed_for: Option<String>,
+    /// GPU memory its processes hold, per device UUID, as NVML last said.
+    pub gpu_used: std::collections::BTreeMap<String, u64>,
+    /// An overrun of the declared `gpu_memory` was logged (once per episode).
+    pub overrun_warned: bool,
     /// Since when scrapes have seen a non-empty queue.
     pub queue_nonempty_since: Option<Time>,
 }
@@ -132,6 +138,9 @@ impl Replica {
             scrape_in_flight: false,
             scrape_failing: false,
             queue_nonempty_since: None,
+            reclaimed_for: None,
+            gpu_used: Default::default(),
+            overrun_warned: false,
         }
     }
 

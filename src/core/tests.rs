@@ -72,6 +72,7 @@ impl Harness {
                 name: d.name.clone(),
                 memory_total: d.memory,
                 memory_foreign: 0,
+                topology: None,
             })
             .collect();
         let now = Time::from_millis(1_000_000);

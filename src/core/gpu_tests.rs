@@ -1,0 +1,336 @@
+//! GPU logic through a scripted fake inventory: evacuation on XIDs and cordons, priority
+//! arbitration, foreign memory, overruns.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
+use super::*;
+use crate::config::Config;
+use crate::protocol::Request;
+
+fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
+    model(name, extra, scaling).replace("gpus = 0", &format!("gpus = 1\ngpu_memory = \"{mem}\""))
+}
+
+fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
+    let i = h.node.gpus.find(uuid).unwrap();
+    let mut v = h.node.gpus.slots[i].replicas.clone();
+    v.sort();
+    v
+}
+
+fn routed_total(h: &Harness, m: &str) -> usize {
+    h.in_state(m, ReplicaState::Routed).len()
+}
+
+fn evacuation_keeps_min_routed(trigger: impl FnOnce(&mut Harness) -> Vec<Action>) {
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model("m", "30GiB", "", "min = 2\nmax = 4\nwarm_pool = 0")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    // pack: both on the first device.
+    assert_eq!(on_device(&h, "GPU-a").len(), 2);
+    let old = h.in_state("m", ReplicaState::Routed);
+    let out = trigger(&mut h);
+    assert_eq!(spawns(&out), 2, "replacements start at once, elsewhere");
+    assert!(
+        routed_sets(&out).is_empty(),
+        "the old replicas keep serving meanwhile"
+    );
+    let new: Vec<ReplicaId> = h.in_state("m", ReplicaState::Starting);
+    assert_eq!(on_device(&h, "GPU-b"), new);
+    let ids = h.spawn_all(&out);
+    let mut min_routed = usize::MAX;
+    for id in ids {
+        h.warm(&id);
+        min_routed = min_routed.min(routed_total(&h, "m"));
+    }
+    assert!(min_routed >= 2, "routed never below min during the move");
+    // Both old ones drain once both replacements are routed.
+    let draining = h.in_state("m", ReplicaState::Draining);
+    assert_eq!(draining, old);
+    assert_eq!(h.in_state("m", ReplicaState::Routed), new);
+    // Nothing new goes to the device.
+    let i = h.node.gpus.find("GPU-a").unwrap();
+    assert!(!h.node.gpus.slots[i].healthy || h.node.gpus.slots[i].cordoned);
+}
+
+#[test]
+fn a_critical_xid_evacuates_a_device_with_routed_capacity_never_below_min() {
+    evacuation_keeps_min_routed(|h| {
+        h.send(Event::GpuXid {
+            uuid: "GPU-a".into(),
+            xid: 79,
+        })
+    });
+}
+
+#[test]
+fn cordon_with_evacuate_moves_replicas_the_same_way() {
+    evacuation_keeps_min_routed(|h| {
+        let before = h.log.len();
+        let r = h.request(
+            Peer::trusted(),
+            Request::Cordon {
+                gpu: "0".into(),
+                reason: Some("maintenance".into()),
+                evacuate: true,
+            },
+        );
+        assert_eq!(r["ok"], true);
+        h.log[before..].to_vec()
+    });
+}
+
+#[test]
+fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() {
+    let toml = format!("{BASE}{}", gpu_model("m", "30GiB", "", "min = 2\nmax = 4"));
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    let out = h.send(Event::GpuXid {
+        uuid: "GPU-a".into(),
+        xid: 13,
+    });
+    assert_eq!(spawns(&out), 0);
+    assert!(h.node.gpus.slots[0].healthy);
+    let r = h.request(
+        Peer::trusted(),
+        Request::Cordon {
+            gpu: "GPU-a".into(),
+            reason: None,
+            evacuate: false,
+        },
+    );
+    assert_eq!(r["ok"], true);
+    assert_eq!(
+        on_device(&h, "GPU-a").len(),
+        2,
+        "cordon alone keeps what runs"
+    );
+    let r = h.request(
+        Peer::trusted(),
+        Request::Cordon {
+            gpu: "GPU-z".into(),
+            reason: None,
+            evacuate: false,
+        },
+    );
+    assert_eq!(r["error"], "unknown_gpu");
+    // New replicas avoid it.
+    let r = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(3),
+            max: None,
+            warm_pool: None,
+        },
+    );
+    assert_eq!(r["ok"], true);
+    assert_eq!(
+        h.in_state("m", ReplicaState::Starting)
+            .iter()
+            .map(|id| h.node.replicas[id].gpus.clone())
+            .collect::<Vec<_>>(),
+        vec![vec![1]]
+    );
+}
+
+#[test]
+fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
+    let toml = format!("{BASE}{}", gpu_model("m", "30GiB", "", "min = 1\nmax = 4"));
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    h.send(Event::GpuXid {
+        uuid: "GPU-b".into(),
+        xid: 48,
+    });
+    h.run_for(Duration::from_secs(600));
+    assert!(!h.node.gpus.slots[1].healthy);
+    let r = h.request(
+        Peer::trusted(),
+        Request::Uncordon {
+            gpu: "GPU-b".into(),
+        },
+    );
+    assert_eq!(r["ok"], true);
+    assert!(h.node.gpus.slots[1].healthy && !h.node.gpus.slots[1].evacuate);
+}
+
+const ONE_DEVICE: &str = r#"
+[daemon]
+socket = "/tmp/hearth-test.sock"
+ports = "30000-30099"
+[gpus]
+backend = "static"
+[[gpus.device]]
+uuid = "GPU-a"
+memory = "80GiB"
+"#;
+
+fn reload(h: &mut Harness, toml: &str) -> Vec<Action> {
+    let config = Config::parse(toml, Path::new("reload.toml")).unwrap();
+    h.send(Event::Reload {
+        id: None,
+        config: Box::new(config),
+    })
+}
+
+#[test]
+fn a_higher_priority_model_reclaims_a_lower_priority_warm_replica_on_a_full_device() {
+    let low = gpu_model(
+        "low",
+        "40GiB",
+        "priority = 0",
+        "min = 1\nmax = 2\nwarm_pool = 1",
+    );
+    let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
+    let first = h.log.clone();
+    h.settle(first);
+    assert_eq!(on_device(&h, "GPU-a").len(), 2, "the device is full");
+    let warm = h.in_state("low", ReplicaState::Warm);
+    let high = gpu_model("high", "40GiB", "priority = 10", "min = 1\nmax = 2");
+    let out = reload(&mut h, &format!("{ONE_DEVICE}{low}{high}"));
+    assert_eq!(
+        signals(&out, StopSignal::Term),
+        warm,
+        "the warm one goes, routed capacity stays"
+    );
+    assert_eq!(spawns(&out), 0, "the GPU is free only once it exited");
+    let out = h.exit(&warm[0], "exit status 0");
+    let spawned: Vec<String> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Spawn(s) => Some(s.model.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        spawned,
+        vec!["high"],
+        "the reclaimed GPU goes to the model that reclaimed it"
+    );
+    let st = h.node.status(Some("low"), h.now);
+    assert_eq!(st.models[0].routed, 1);
+    assert_eq!(
+        st.models[0].health, "no_capacity",
+        "its pool cannot refill: {}",
+        st.models[0].health_reason
+    );
+}
+
+#[test]
+fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
+    let low = gpu_model(
+        "low",
+        "40GiB",
+        "priority = 0",
+        "min = 1\nmax = 2\nwarm_pool = 0",
+    );
+    let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
+    let first = h.log.clone();
+    h.settle(first);
+    h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "low".into(),
+            min: None,
+            max: None,
+            warm_pool: None,
+        },
+    );
+    // Push low to 2 routed (above its min of 1).
+    h.node.models.get_mut("low").unwrap().desired_routed = 2;
+    let out = h.send(Event::Tick);
+    h.settle(out);
+    assert_eq!(routed_total(&h, "low"), 2);
+    // An equal-priority model may not take routed capacity.
+    let same = gpu_model("same", "40GiB", "priority = 0", "min = 1\nmax = 1");
+    let out = reload(&mut h, &format!("{ONE_DEVICE}{low}{same}"));
+    assert!(signals(&out, StopSignal::Term).is_empty());
+    assert!(h.in_state("low", ReplicaState::Draining).is_empty());
+    assert_eq!(
+        h.node.status(Some("same"), h.now).models[0].health,
+        "no_capacity"
+    );
+    // A higher-priority one drains one routed replica (never killed), down to low's min only.
+    let high = gpu_model("high", "40GiB", "priority = 5", "min = 2\nmax = 2");
+    reload(&mut h, &format!("{ONE_DEVICE}{low}{high}"));
+    let draining = h.in_state("low", ReplicaState::Draining);
+    assert_eq!(draining.len(), 1);
+    assert_eq!(h.node.models["low"].desired_routed, 1);
+    h.report("low", Some(&draining[0].0), 0.0, 0, 0);
+    let out = h.exit(&draining[0], "exit status 0");
+    assert_eq!(spawns(&out), 1);
+    h.settle(out);
+    assert_eq!(routed_total(&h, "low"), 1, "min holds");
+    assert_eq!(
+        h.node.status(Some("high"), h.now).models[0].health,
+        "no_capacity"
+    );
+}
+
+#[test]
+fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
+    let toml = format!(
+        "{ONE_DEVICE}{}",
+        gpu_model("m", "30GiB", "", "min = 1\nmax = 3")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    let r = h.in_state("m", ReplicaState::Routed)[0].clone();
+    let pgid = h.pid(&r);
+    const GIB: u64 = 1 << 30;
+    // 75 GiB used: 35 by our replica (over its 30), 40 by someone else.
+    let out = h.send(Event::GpuMemory {
+        uuid: "GPU-a".into(),
+        used: 75 * GIB,
+        by_group: vec![(pgid, 35 * GIB), (99999, 40 * GIB)],
+    });
+    let warned = out.iter().any(|a| matches!(a, Action::Log { level: LogLevel::Warn, message, .. } if message.contains("35.0GiB") && message.contains("30.0GiB")));
+    assert!(warned, "{out:?}");
+    let again = h.send(Event::GpuMemory {
+        uuid: "GPU-a".into(),
+        used: 75 * GIB,
+        by_group: vec![(pgid, 35 * GIB), (99999, 40 * GIB)],
+    });
+    assert!(
+        !again.iter().any(|a| matches!(
+            a,
+            Action::Log {
+                level: LogLevel::Warn,
+                ..
+            }
+        )),
+        "once per episode"
+    );
+    assert_eq!(h.node.gpus.slots[0].device.memory_foreign, 40 * GIB);
+    // 80 − 40 foreign − 30 reserved = 10 GiB: a second 30 GiB replica does not fit.
+    let r = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(2),
+            max: None,
+            warm_pool: None,
+        },
+    );
+    assert_eq!(r["ok"], true);
+    let st = h.node.status(Some("m"), h.now);
+    assert_eq!(st.models[0].health, "no_capacity");
+    // The other process leaves: the room is there again.
+    let out = h.send(Event::GpuMemory {
+        uuid: "GPU-a".into(),
+        used: 30 * GIB,
+        by_group: vec![(pgid, 30 * GIB)],
+    });
+    let out2 = h.send(Event::Tick);
+    assert_eq!(spawns(&out) + spawns(&out2), 1);
+}
