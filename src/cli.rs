@@ -326,6 +326,9 @@ fn model_block(m: &ModelView) -> String {
         out.push_str(&format!("; time to ready {:.1} s", t as f64 / 1000.0));
     }
     out.push('\n');
+    if let Some(r) = &m.rollout {
+        out.push_str(&format!("  rollout: {r}\n"));
+    }
     if let Some(ls) = &m.last_scale {
         out.push_str(&format!(
             "  last scale: {} → {}: {}\n",

@@ -251,6 +251,9 @@ pub struct ModelView {
     pub target_wait_ms: u64,
     pub signal: SignalView,
     pub last_scale: Option<ScaleView>,
+    /// A rollout under way or halted, in words; None when every replica runs the configuration.
+    #[serde(default)]
+    pub rollout: Option<String>,
     /// spawn → warm of the latest cold start, when measured
     #[serde(default)]
     pub time_to_ready_ms: Option<u64>,

@@ -18,7 +18,7 @@ impl Node {
             };
             match r.state {
                 ReplicaState::Starting => {
-                    let limit = m.config.warmup.startup_timeout;
+                    let limit = m.config_of(r.spec).warmup.startup_timeout;
                     if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
                         let _ = at;
                         let last = if r.last_probe_error.is_empty() {
@@ -200,6 +200,10 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
+        if let Some(r) = self.replicas.get(id) {
+            let (spec, ever_warm) = (r.spec, r.ever_warm);
+            self.rollout_failure(model, spec, ever_warm, why, out);
+        }
         let Some(m) = self.models.get_mut(model) else {
             return;
         };

@@ -16,6 +16,8 @@ mod policy_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
+#[cfg(test)]
+mod reload_tests;
 mod replica;
 mod scrape;
 mod signal;

@@ -35,6 +35,44 @@ impl Overrides {
     }
 }
 
+/// A change of what a replica is (command, env, warm-up, version…) being rolled out. The
+/// autoscaler keeps owning the count; the rollout owns only which version fills it.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    /// The configuration serving before the change.
+    pub previous: ModelConfig,
+    pub previous_spec: u64,
+    /// New-version replicas that failed before ever becoming warm.
+    pub failures: u32,
+    /// Latched: the new version cannot warm up; the previous one keeps serving until the
+    /// configuration changes again.
+    pub halted: Option<String>,
+}
+
+/// New-version replicas that may fail to warm up before a rollout halts.
+pub const ROLLOUT_FAILURES: u32 = 3;
+
+/// What makes a replica what it is: a change rolls the model over. Scaling, liveness, signal,
+/// priority and stop_grace apply to running replicas live and are not part of it.
+pub fn spec_of(c: &ModelConfig) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+        c.version,
+        c.command,
+        c.env,
+        c.user,
+        c.gpus,
+        c.gpu_memory,
+        c.placement,
+        c.warmup,
+        c.prefetch
+    )
+    .hash(&mut h);
+    h.finish()
+}
+
 #[derive(Debug, Clone)]
 pub struct ScaleRecord {
     pub at: Time,
@@ -46,6 +84,9 @@ pub struct ScaleRecord {
 #[derive(Debug, Clone)]
 pub struct ModelState {
     pub config: ModelConfig,
+    /// `spec_of(config)`.
+    pub spec: u64,
+    pub rollout: Option<Rollout>,
     pub overrides: Overrides,
     /// N of the next replica id.
     pub next_n: u64,
@@ -69,6 +110,8 @@ pub struct ModelState {
 impl ModelState {
     pub fn new(config: ModelConfig, overrides: Overrides, now: Time) -> Self {
         let mut m = ModelState {
+            spec: spec_of(&config),
+            rollout: None,
             config,
             overrides,
             next_n: 1,
@@ -86,6 +129,29 @@ impl ModelState {
         };
         m.desired_routed = m.min();
         m
+    }
+
+    /// The configuration new replicas are made from: the new one, unless its rollout halted.
+    pub fn launch_config(&self) -> &ModelConfig {
+        match &self.rollout {
+            Some(r) if r.halted.is_some() => &r.previous,
+            _ => &self.config,
+        }
+    }
+
+    pub fn launch_spec(&self) -> u64 {
+        match &self.rollout {
+            Some(r) if r.halted.is_some() => r.previous_spec,
+            _ => self.spec,
+        }
+    }
+
+    /// The configuration a replica was made from.
+    pub fn config_of(&self, spec: u64) -> &ModelConfig {
+        match &self.rollout {
+            Some(r) if r.previous_spec == spec => &r.previous,
+            _ => &self.config,
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -565,7 +565,8 @@ impl Node {
                 if o.ok {
                     let spawned = r.spawned_at.unwrap_or(r.created);
                     let ttr = now.since(spawned);
-                    r.next_probe = now + m.config.warmup.recheck;
+                    r.next_probe = now + m.config_of(r.spec).warmup.recheck;
+                    r.ever_warm = true;
                     r.last_probe_error.clear();
                     let rid = r.id.clone();
                     let model = r.model.clone();
@@ -660,7 +661,7 @@ impl Node {
         let r = self.replicas.get(id)?;
         let m = self.models.get(&r.model)?;
         let vars = self.placeholders(r);
-        let w = &m.config.warmup;
+        let w = &m.config_of(r.spec).warmup;
         let expand = |s: &str| crate::config::expand(s, &vars);
         Some(match (kind, &m.config.liveness) {
             (ProbeKind::Liveness, Some(l)) => super::event::ProbeSpec {

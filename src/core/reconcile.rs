@@ -28,6 +28,7 @@ impl Node {
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in &names {
             self.reconcile_model(name, now, out);
+            self.rollout_progress(name, out);
         }
         self.place_pending(now, out);
     }
@@ -36,7 +37,7 @@ impl Node {
         let mut c = Counts::default();
         for r in self.replicas.values().filter(|r| r.model == model) {
             match r.state {
-                ReplicaState::Routed if self.gpus.leaving(&r.gpus) => c.leaving += 1,
+                ReplicaState::Routed if self.departing(r) => c.leaving += 1,
                 ReplicaState::Routed => c.routed += 1,
                 ReplicaState::Warm => c.warm += 1,
                 ReplicaState::Starting => c.starting += 1,
@@ -75,25 +76,24 @@ impl Node {
         let pool = self.desired_warm(name);
         let recheck = m.config.warmup.recheck;
 
-        // Moving off a device: replicas that serve nothing there go at once; routed ones wait
-        // for their replacement (below).
-        let idle_on_leaving: Vec<ReplicaId> = self
+        // Departing replicas (on a device being left, or of a version being rolled away from)
+        // that serve nothing go at once; routed ones wait for their replacement (below).
+        let idle_departing: Vec<ReplicaId> = self
             .replicas
             .values()
+            .filter(|r| r.model == name)
             .filter(|r| {
-                r.model == name && matches!(r.state, ReplicaState::Warm | ReplicaState::Starting)
+                matches!(
+                    r.state,
+                    ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
+                )
             })
-            .filter(|r| self.gpus.leaving(&r.gpus))
+            .filter(|r| self.departing(r))
             .map(|r| r.id.clone())
             .collect();
-        for id in idle_on_leaving {
-            self.stop(
-                &id,
-                "moving off a GPU that is being evacuated",
-                false,
-                now,
-                out,
-            );
+        for id in idle_departing {
+            let why = "replaced: its GPU is being evacuated or its version rolled out";
+            self.stop(&id, why, false, now, out);
         }
 
         // Promote warm replicas first: milliseconds, not a cold start.
@@ -121,17 +121,12 @@ impl Node {
         while c.leaving > 0 && c.routed >= desired {
             let Some(id) = self.pick(
                 name,
-                |r| r.state == ReplicaState::Routed && self.gpus.leaving(&r.gpus),
+                |r| r.state == ReplicaState::Routed && self.departing(r),
                 false,
             ) else {
                 break;
             };
-            self.begin_drain(
-                &id,
-                "moving off a GPU that is being evacuated; its replacement is routed",
-                now,
-                out,
-            );
+            self.begin_drain(&id, "replaced: its replacement is routed", now, out);
             c.leaving -= 1;
         }
 
@@ -185,6 +180,16 @@ impl Node {
         }
     }
 
+    /// On its way out: on a device being left, or made from a configuration being rolled away
+    /// from.
+    pub(super) fn departing(&self, r: &Replica) -> bool {
+        self.gpus.leaving(&r.gpus)
+            || self
+                .models
+                .get(&r.model)
+                .is_some_and(|m| r.spec != m.launch_spec())
+    }
+
     /// The oldest (or newest) replica of the model that matches.
     fn pick(&self, model: &str, f: impl Fn(&Replica) -> bool, newest: bool) -> Option<ReplicaId> {
         let it = self.replicas.values().filter(|r| r.model == model && f(r));
@@ -215,7 +220,8 @@ impl Node {
         let n = m.next_n;
         m.next_n += 1;
         let restarts = m.failures.len() as u32;
-        let r = Replica::new(model, n, &m.config.version, now, restarts);
+        let c = m.launch_config();
+        let r = Replica::new(model, n, &c.version, m.launch_spec(), now, restarts);
         let id = r.id.clone();
         self.replicas.insert(id.clone(), r);
         out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
@@ -254,29 +260,29 @@ impl Node {
                 r.reason = format!("restart back-off: starts in {}", super::node::fmt_dur(wait));
                 continue;
             }
-            let placed =
-                match self
-                    .gpus
-                    .place(m.config.gpus, m.config.gpu_memory, m.config.placement)
-                {
-                    Ok(p) => p,
-                    Err(why) => {
-                        let why = match self.reclaim_for(&id, now, out) {
-                            Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
-                            None => why,
-                        };
-                        let r = self.replicas.get_mut(&id).expect("present");
-                        r.reason = why.clone();
-                        blocked.insert(model, Some(why));
-                        continue;
-                    }
-                };
+            let placed = match self.gpus.place(
+                m.launch_config().gpus,
+                m.launch_config().gpu_memory,
+                m.launch_config().placement,
+            ) {
+                Ok(p) => p,
+                Err(why) => {
+                    let why = match self.reclaim_for(&id, now, out) {
+                        Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
+                        None => why,
+                    };
+                    let r = self.replicas.get_mut(&id).expect("present");
+                    r.reason = why.clone();
+                    blocked.insert(model, Some(why));
+                    continue;
+                }
+            };
             let Some(port) = self.ports.take() else {
                 let r = self.replicas.get_mut(&id).expect("present");
                 r.reason = "no free port in daemon.ports".into();
                 continue;
             };
-            let exclusive = m.config.gpu_memory.is_none();
+            let exclusive = m.launch_config().gpu_memory.is_none();
             self.gpus.reserve(&id, &placed, exclusive);
             let r = self.replicas.get_mut(&id).expect("present");
             r.port = Some(port);
@@ -296,15 +302,12 @@ impl Node {
 
     fn spawn_spec(&self, id: &ReplicaId) -> SpawnSpec {
         let r = &self.replicas[id];
-        let m = &self.models[&r.model];
+        // The configuration the replica was made from: during a rollout, old or new.
+        let c = self.models[&r.model].config_of(r.spec);
         let vars = self.placeholders(r);
         let expand = |s: &str| crate::config::expand(s, &vars);
-        let mut env: Vec<(String, String)> = m
-            .config
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), expand(v)))
-            .collect();
+        let mut env: Vec<(String, String)> =
+            c.env.iter().map(|(k, v)| (k.clone(), expand(v))).collect();
         let uuids = self.gpus.uuids(&r.gpus);
         let visible = uuids.join(",");
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible.clone()));
@@ -325,12 +328,12 @@ impl Node {
         SpawnSpec {
             replica: id.clone(),
             model: r.model.clone(),
-            command: m.config.command.iter().map(|s| expand(s)).collect(),
+            command: c.command.iter().map(|s| expand(s)).collect(),
             env,
-            user: m.config.user.clone(),
+            user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
-            prefetch: m.config.prefetch.clone(),
+            prefetch: c.prefetch.clone(),
         }
     }
 

@@ -65,6 +65,10 @@ pub struct Replica {
     pub model: String,
     /// The model's version when this replica was created.
     pub version: String,
+    /// `model::spec_of` the configuration it was made from.
+    pub spec: u64,
+    /// It passed its warm-up once.
+    pub ever_warm: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -110,12 +114,14 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn new(model: &str, n: u64, version: &str, now: Time, restarts: u32) -> Self {
+    pub fn new(model: &str, n: u64, version: &str, spec: u64, now: Time, restarts: u32) -> Self {
         Replica {
             id: ReplicaId::new(model, n),
             n,
             model: model.to_string(),
             version: version.to_string(),
+            spec,
+            ever_warm: false,
             state: ReplicaState::Pending,
             since: now,
             created: now,

@@ -84,6 +84,22 @@ impl Node {
                 to: s.to,
                 reason: s.reason.clone(),
             }),
+            rollout: m.rollout.as_ref().map(|r| match &r.halted {
+                Some(halted) => halted.clone(),
+                None => {
+                    let updated = self
+                        .replicas
+                        .values()
+                        .filter(|x| {
+                            x.model == name && x.spec == m.spec && x.state == ReplicaState::Routed
+                        })
+                        .count();
+                    format!(
+                        "rolling out version {} (from {}): {updated} routed replica(s) updated",
+                        m.config.version, r.previous.version
+                    )
+                }
+            }),
             time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
             replicas: replicas
                 .into_iter()
