@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use serde_json::Value;
 
 use crate::client::{socket_path, Client};
@@ -17,15 +17,11 @@ use crate::protocol::{GpuView, ModelView, Report, Request, StatusView, WarmPoolS
     about = "Spawns, warms, pools, routes and autoscales model servers on a GPU host"
 )]
 pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct SocketArg {
-    /// Control socket (default: $HEARTH_SOCKET, then /run/hearth/hearth.sock)
+    /// Control socket of client verbs (default: $HEARTH_SOCKET, then /run/hearth/hearth.sock)
     #[arg(long, global = true)]
     pub socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
@@ -42,21 +38,13 @@ pub enum Command {
         model: Option<String>,
         #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        socket: SocketArg,
     },
     /// Stream routed-set, replica, scale and GPU events
-    Watch {
-        model: Option<String>,
-        #[command(flatten)]
-        socket: SocketArg,
-    },
+    Watch { model: Option<String> },
     /// GPUs and what hearth has reserved on them
     Gpus {
         #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        socket: SocketArg,
     },
     /// Report a queue (for a replica, or model-wide)
     Report {
@@ -73,8 +61,6 @@ pub enum Command {
         arrived: Option<u64>,
         #[arg(long)]
         completed: Option<u64>,
-        #[command(flatten)]
-        socket: SocketArg,
     },
     /// Change a model's min, max or warm pool (kept across restarts)
     Scale {
@@ -86,15 +72,9 @@ pub enum Command {
         /// A count, or "auto"
         #[arg(long, value_parser = parse_warm)]
         warm: Option<WarmPoolSetting>,
-        #[command(flatten)]
-        socket: SocketArg,
     },
     /// Unroute a replica, let its work finish, stop it
-    Drain {
-        replica: String,
-        #[command(flatten)]
-        socket: SocketArg,
-    },
+    Drain { replica: String },
     /// Take no new replicas on a GPU (uuid or index)
     Cordon {
         gpu: String,
@@ -103,20 +83,11 @@ pub enum Command {
         /// Move replicas off the device, keeping routed capacity at or above min
         #[arg(long)]
         evacuate: bool,
-        #[command(flatten)]
-        socket: SocketArg,
     },
     /// Let a GPU take replicas again (and clear an unhealthy mark)
-    Uncordon {
-        gpu: String,
-        #[command(flatten)]
-        socket: SocketArg,
-    },
+    Uncordon { gpu: String },
     /// Re-read the configuration file
-    Reload {
-        #[command(flatten)]
-        socket: SocketArg,
-    },
+    Reload,
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
 }
@@ -131,14 +102,9 @@ fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
 }
 
 /// Runs a client verb against the daemon.
-pub async fn client_verb(command: Command) -> ExitCode {
-    let (socket, request, render): (SocketArg, Request, Render) = match command {
-        Command::Status {
-            model,
-            json,
-            socket,
-        } => (
-            socket,
+pub async fn client_verb(command: Command, socket: Option<PathBuf>) -> ExitCode {
+    let (request, render): (Request, Render) = match command {
+        Command::Status { model, json } => (
             Request::Status { model },
             if json {
                 Render::Json("status")
@@ -146,8 +112,7 @@ pub async fn client_verb(command: Command) -> ExitCode {
                 Render::Status
             },
         ),
-        Command::Gpus { json, socket } => (
-            socket,
+        Command::Gpus { json } => (
             Request::Gpus,
             if json {
                 Render::Json("gpus")
@@ -155,7 +120,7 @@ pub async fn client_verb(command: Command) -> ExitCode {
                 Render::Gpus
             },
         ),
-        Command::Watch { model, socket } => (socket, Request::Watch { model }, Render::Stream),
+        Command::Watch { model } => (Request::Watch { model }, Render::Stream),
         Command::Report {
             model,
             replica,
@@ -164,9 +129,7 @@ pub async fn client_verb(command: Command) -> ExitCode {
             in_flight,
             arrived,
             completed,
-            socket,
         } => (
-            socket,
             Request::Report(Report {
                 model,
                 replica,
@@ -183,9 +146,7 @@ pub async fn client_verb(command: Command) -> ExitCode {
             min,
             max,
             warm,
-            socket,
         } => (
-            socket,
             Request::Scale {
                 model,
                 min,
@@ -194,14 +155,12 @@ pub async fn client_verb(command: Command) -> ExitCode {
             },
             Render::Quiet,
         ),
-        Command::Drain { replica, socket } => (socket, Request::Drain { replica }, Render::Quiet),
+        Command::Drain { replica } => (Request::Drain { replica }, Render::Quiet),
         Command::Cordon {
             gpu,
             reason,
             evacuate,
-            socket,
         } => (
-            socket,
             Request::Cordon {
                 gpu,
                 reason,
@@ -209,13 +168,13 @@ pub async fn client_verb(command: Command) -> ExitCode {
             },
             Render::Quiet,
         ),
-        Command::Uncordon { gpu, socket } => (socket, Request::Uncordon { gpu }, Render::Quiet),
-        Command::Reload { socket } => (socket, Request::Reload, Render::Quiet),
+        Command::Uncordon { gpu } => (Request::Uncordon { gpu }, Render::Quiet),
+        Command::Reload => (Request::Reload, Render::Quiet),
         Command::Daemon { .. } | Command::CheckConfig { .. } | Command::ToyServer(_) => {
             unreachable!("not a client verb")
         }
     };
-    let path = socket_path(socket.socket);
+    let path = socket_path(socket);
     let mut client = match Client::connect(&path).await {
         Ok(c) => c,
         Err(e) => {
@@ -240,35 +199,47 @@ pub async fn client_verb(command: Command) -> ExitCode {
     }
     match render {
         Render::Quiet => {}
-        Render::Json(key) => println!(
-            "{}",
-            serde_json::to_string_pretty(&answer[key]).unwrap_or_default()
-        ),
+        Render::Json(key) => {
+            let text = serde_json::to_string_pretty(&answer[key]).unwrap_or_default();
+            print_out(&format!("{text}\n"));
+        }
         Render::Status => match serde_json::from_value::<StatusView>(answer["status"].clone()) {
-            Ok(s) => print!("{}", status_table(&s)),
+            Ok(s) => {
+                print_out(&status_table(&s));
+            }
             Err(e) => {
                 eprintln!("hearth: unexpected status answer: {e}");
                 return ExitCode::from(1);
             }
         },
         Render::Gpus => match serde_json::from_value::<Vec<GpuView>>(answer["gpus"].clone()) {
-            Ok(g) => print!("{}", gpu_table(&g)),
+            Ok(g) => {
+                print_out(&gpu_table(&g));
+            }
             Err(e) => {
                 eprintln!("hearth: unexpected gpus answer: {e}");
                 return ExitCode::from(1);
             }
         },
         Render::Stream => {
-            use std::io::Write;
             while let Some(ev) = client.next().await {
-                let mut out = std::io::stdout().lock();
-                if writeln!(out, "{ev}").and_then(|_| out.flush()).is_err() {
+                if !print_out(&format!("{ev}\n")) {
                     break;
                 }
             }
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Writes to stdout; false once the reader went away (`hearth status --json | head` is not an
+/// error worth a panic).
+fn print_out(text: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .is_ok()
 }
 
 enum Render {

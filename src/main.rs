@@ -35,7 +35,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        other => runtime().block_on(client_verb(other)),
+        other => runtime().block_on(client_verb(other, cli.socket)),
     }
 }
 

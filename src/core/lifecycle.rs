@@ -88,6 +88,10 @@ impl Node {
                 ReplicaState::Pending => {}
             }
         }
+        // Failures age out of the window even when no new one comes: crash_loop clears by itself.
+        for m in self.models.values_mut() {
+            m.recent_failures(now);
+        }
         self.schedule_scrapes(now, out);
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
