@@ -8,7 +8,9 @@
 //! connection records when the `replica … warm` event arrives. The difference, per replica, is
 //! the delay; p50 / p99 / max are printed against the goal (≤ 100 ms).
 //!
-//! Run: `cargo bench --bench warm_delay` (WARM_DELAY_ROUNDS=N for N daemons in a row).
+//! Run: `cargo bench --bench warm_delay` (WARM_DELAY_ROUNDS=N for N daemons in a row). Without
+//! cargo bench's `--bench` argument (`cargo test --all-targets`), it is a quick smoke run with 4
+//! replicas.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -22,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Replicas per round (with `--bench`; a smoke run has 4).
 const REPLICAS: u32 = 20;
 const GOAL: Duration = Duration::from_millis(100);
 /// Time between two polls of one replica.
@@ -92,10 +95,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1]
 }
 
-/// One daemon with 20 replicas; returns (replica, load time ms, delay ms) for each.
-fn round() -> Vec<(String, u64, f64)> {
-    // Replica N loads for 1000 + 100·(N−1) ms: 1.0 s … 2.9 s, one model, min 20.
-    let mut m = ModelSpec::toy("w", &[]).scale(REPLICAS, REPLICAS, 0);
+/// One daemon with `n` replicas; returns (replica, load time ms, delay ms) for each.
+fn round(n: u32) -> Vec<(String, u64, f64)> {
+    // Replica N loads for 1000 + 100·(N−1) ms: 1.0 s … 2.9 s, one model, min = max = n.
+    let mut m = ModelSpec::toy("w", &[]).scale(n, n, 0);
     m.command = vec![
         "/bin/sh".into(),
         "-c".into(),
@@ -106,7 +109,7 @@ fn round() -> Vec<(String, u64, f64)> {
     ];
     let d = Daemon::start_with(
         DaemonOpts {
-            ports: REPLICAS as u16 + 4,
+            ports: n as u16 + 4,
             ..Default::default()
         },
         &[m],
@@ -135,15 +138,19 @@ fn round() -> Vec<(String, u64, f64)> {
         })
         .collect();
 
-    let warm_events = wait_until("20 warm events", Duration::from_secs(60), || {
-        let warm: BTreeMap<String, Instant> = w
-            .events()
-            .into_iter()
-            .filter(|e| e.v["event"] == "replica" && e.v["state"] == "warm")
-            .map(|e| (e.v["replica"].as_str().unwrap().to_string(), e.at))
-            .collect();
-        (warm.len() as u32 >= REPLICAS).then_some(warm)
-    });
+    let warm_events = wait_until(
+        "every replica's warm event",
+        Duration::from_secs(60),
+        || {
+            let warm: BTreeMap<String, Instant> = w
+                .events()
+                .into_iter()
+                .filter(|e| e.v["event"] == "replica" && e.v["state"] == "warm")
+                .map(|e| (e.v["replica"].as_str().unwrap().to_string(), e.at))
+                .collect();
+            (warm.len() as u32 >= n).then_some(warm)
+        },
+    );
     let ports: BTreeMap<u16, String> = d
         .replicas("w")
         .iter()
@@ -174,8 +181,8 @@ fn round() -> Vec<(String, u64, f64)> {
     }
     assert_eq!(
         out.len() as u32,
-        REPLICAS,
-        "measured {} of {REPLICAS} replicas: {out:?}",
+        n,
+        "measured {} of {n} replicas: {out:?}",
         out.len()
     );
     drop(w);
@@ -188,14 +195,19 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
+    let n = if std::env::args().any(|a| a == "--bench") {
+        REPLICAS
+    } else {
+        4
+    };
     println!(
-        "warm_delay: {REPLICAS} toy replicas, load times 1.0–2.9 s, polled every {} ms; \
-         binary {HEARTH}",
+        "warm_delay: {n} toy replicas, load times 1.0–{:.1} s, polled every {} ms; binary {HEARTH}",
+        1.0 + 0.1 * (n - 1) as f64,
         POLL_EVERY.as_millis()
     );
     let mut all = Vec::new();
     for r in 0..rounds {
-        let mut res = round();
+        let mut res = round(n);
         res.sort_by_key(|(id, _, _)| id.rsplit('-').next().unwrap().parse::<u64>().unwrap());
         println!("round {}:", r + 1);
         println!("  {:<8} {:>9} {:>14}", "REPLICA", "LOAD ms", "ABLE→WARM ms");
