@@ -558,11 +558,14 @@ async fn serve_conn(stream: TcpStream, state: Arc<State>, stop: CancellationToke
         async move {
             let mut hung = state.hung.subscribe();
             // Once hung, every request (in progress or new) waits forever: the handler is
-            // dropped (releasing its slot) and no answer is ever written.
+            // dropped (releasing its slot) and no answer is ever written. The hang is checked
+            // first: an unbiased select would answer about half the requests that the handler
+            // can answer at once (/health, /metrics) on connections kept alive from before.
             tokio::select! {
-                resp = state.clone().handle(req) => Ok::<_, Infallible>(resp),
+                biased;
                 // (The async block drops wait_for's borrow guard, which is not Send.)
                 _ = async { let _ = hung.wait_for(|h| *h).await; } => std::future::pending().await,
+                resp = state.clone().handle(req) => Ok::<_, Infallible>(resp),
             }
         }
     });
@@ -1167,13 +1170,26 @@ mod tests {
     async fn hang_after_stops_answering_but_accepts() {
         let s = Server::start(
             ToyArgs {
-                hang_after: Some(Duration::from_millis(400)),
+                hang_after: Some(Duration::from_millis(1000)),
                 ..args()
             },
             None,
         )
         .await;
         assert_eq!(s.get("/health").await.unwrap().0, 200);
+        // Keep-alive connections opened (and answered) before the hang.
+        let addr = s.base.trim_start_matches("http://").to_string();
+        const GET: &[u8] = b"GET /health HTTP/1.1\r\nHost: toy\r\n\r\n";
+        let mut before = Vec::new();
+        for _ in 0..8 {
+            let mut c = TcpStream::connect(&addr).await.unwrap();
+            c.write_all(GET).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = c.read(&mut buf).await.unwrap();
+            let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            before.push(c);
+        }
         let short = |c: &reqwest::Client| {
             c.get(format!("{}/health", s.base))
                 .timeout(Duration::from_millis(300))
@@ -1189,6 +1205,19 @@ mod tests {
         let fresh = reqwest::Client::new();
         let err = short(&fresh).await.unwrap_err();
         assert!(err.is_timeout(), "{err}");
+        // Nor is a request on a connection from before the hang, not even one the server could
+        // answer at once (/health).
+        for (i, mut c) in before.into_iter().enumerate() {
+            c.write_all(GET).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let r = tokio::time::timeout(Duration::from_millis(300), c.read(&mut buf)).await;
+            if let Ok(Ok(n)) = r {
+                panic!(
+                    "kept-alive connection {i} answered after the hang: {:?}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
+            }
+        }
         // No graceful stop here: hung requests would hold it for 30 s; Drop aborts the task.
     }
 

@@ -10,7 +10,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc, oneshot};
-use tokio_util::codec::{Framed, LinesCodec, LinesCodecError};
+use tokio_util::bytes::BytesMut;
+use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -105,26 +106,28 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
             return;
         }
     };
-    let mut framed = Framed::new(stream, LinesCodec::new_with_max_length(protocol::MAX_LINE));
+    let mut framed = Framed::new(stream, Lines::new());
     loop {
         let item = tokio::select! {
             _ = shutdown.cancelled() => break,
             item = framed.next() => item,
         };
         let line = match item {
-            None => break,
-            Some(Ok(line)) => line,
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                let f = Failure::new(
-                    ErrorCode::TooLarge,
-                    format!("a line may hold at most {} bytes", protocol::MAX_LINE),
-                );
+            None | Some(Err(_)) => break,
+            Some(Ok(Line::Text(line))) => line,
+            Some(Ok(bad)) => {
+                let f = match bad {
+                    Line::TooLong => Failure::new(
+                        ErrorCode::TooLarge,
+                        format!("a line may hold at most {} bytes", protocol::MAX_LINE),
+                    ),
+                    _ => Failure::new(ErrorCode::BadRequest, "a line must be UTF-8"),
+                };
                 if send(&mut framed, &f.to_value()).await.is_err() {
                     break;
                 }
                 continue;
             }
-            Some(Err(LinesCodecError::Io(_))) => break,
         };
         if line.trim().is_empty() {
             continue;
@@ -168,18 +171,71 @@ async fn ask(control: &Control, peer: Peer, request: Request) -> Option<(Value, 
     rx.await.ok()
 }
 
-async fn send(
-    framed: &mut Framed<UnixStream, LinesCodec>,
-    v: &Value,
-) -> Result<(), LinesCodecError> {
+async fn send(framed: &mut Framed<UnixStream, Lines>, v: &Value) -> Result<(), LinesCodecError> {
     framed.send(v.to_string()).await
+}
+
+/// One line from a client: its text, or what was wrong with it.
+#[derive(Debug, PartialEq)]
+enum Line {
+    Text(String),
+    /// Longer than `MAX_LINE`; the rest of it, up to its newline, is skipped.
+    TooLong,
+    /// Not UTF-8; the line was consumed.
+    NotUtf8,
+}
+
+/// `LinesCodec` whose bad lines are items rather than errors. A `Framed` stream ends after its
+/// decoder's first error, which would close the connection after answering one bad line and
+/// leave the requests pipelined behind it unanswered; `LinesCodec` itself recovers from both
+/// (it skips to the next newline, or has already consumed the line).
+struct Lines(LinesCodec);
+
+impl Lines {
+    fn new() -> Lines {
+        Lines(LinesCodec::new_with_max_length(protocol::MAX_LINE))
+    }
+
+    fn wrap(r: Result<Option<String>, LinesCodecError>) -> Result<Option<Line>, LinesCodecError> {
+        match r {
+            Ok(l) => Ok(l.map(Line::Text)),
+            Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
+            // The only I/O error `LinesCodec::decode` makes itself: invalid UTF-8 (socket
+            // errors come from the read, not from here).
+            Err(LinesCodecError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Ok(Some(Line::NotUtf8))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Decoder for Lines {
+    type Item = Line;
+    type Error = LinesCodecError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, LinesCodecError> {
+        Lines::wrap(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, LinesCodecError> {
+        Lines::wrap(self.0.decode_eof(buf))
+    }
+}
+
+impl Encoder<String> for Lines {
+    type Error = LinesCodecError;
+
+    fn encode(&mut self, line: String, buf: &mut BytesMut) -> Result<(), LinesCodecError> {
+        self.0.encode(line, buf)
+    }
 }
 
 /// A watch: the answer, the routed-set snapshot, then every event for the model until the client
 /// leaves. Subscribing before asking means no event can fall between snapshot and stream; events
 /// already reflected in the snapshot are skipped by sequence number.
 async fn watch(
-    mut framed: Framed<UnixStream, LinesCodec>,
+    mut framed: Framed<UnixStream, Lines>,
     control: &Control,
     peer: Peer,
     request: Request,
@@ -227,5 +283,31 @@ async fn watch(
                 Err(broadcast::error::RecvError::Closed) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_lines_are_items_and_decoding_goes_on() {
+        let mut codec = Lines::new();
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&vec![b'x'; protocol::MAX_LINE + 10]);
+        buf.extend_from_slice(b"\n{\"op\":\"version\"}\n\xff\xfe\n{}\n");
+        let mut got = Vec::new();
+        while let Some(l) = codec.decode(&mut buf).unwrap() {
+            got.push(l);
+        }
+        assert_eq!(
+            got,
+            vec![
+                Line::TooLong,
+                Line::Text("{\"op\":\"version\"}".into()),
+                Line::NotUtf8,
+                Line::Text("{}".into()),
+            ]
+        );
     }
 }

@@ -37,6 +37,9 @@ pub fn init(default_level: &str) {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                // Colours only for a person at a terminal: a log file, a pipe or a container's
+                // log collector would keep the escape codes as text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_target(false),
         )
         .try_init();
