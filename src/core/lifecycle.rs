@@ -40,10 +40,16 @@ impl Node {
                         ProbeKind::Liveness
                     };
                     let wanted = kind == ProbeKind::Recheck || m.config.liveness.is_some();
+                    // Start to start: the cadence does not stretch by the probe's own time.
+                    let interval = match (kind, &m.config.liveness) {
+                        (ProbeKind::Liveness, Some(l)) => l.interval,
+                        _ => m.config_of(r.spec).warmup.recheck,
+                    };
                     if wanted && !r.probe_in_flight && now >= r.next_probe {
                         if let Some(spec) = self.probe_spec(&id, kind) {
                             let r = self.replicas.get_mut(&id).expect("present");
                             r.probe_in_flight = true;
+                            r.next_probe = now + interval;
                             out.push(Action::Probe {
                                 replica: id.clone(),
                                 kind,

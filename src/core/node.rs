@@ -606,29 +606,19 @@ impl Node {
                 ProbeKind::Recheck | ProbeKind::Liveness,
                 ReplicaState::Warm | ReplicaState::Routed,
             ) => {
-                let interval = if r.state == ReplicaState::Warm {
-                    m.config.warmup.recheck
-                } else {
-                    m.config
-                        .liveness
-                        .as_ref()
-                        .map_or(m.config.warmup.recheck, |l| l.interval)
-                };
                 if o.ok {
                     r.probe_failures = 0;
                     r.last_probe_error.clear();
-                    r.next_probe = now + interval;
                     return;
                 }
                 r.probe_failures += 1;
                 r.last_probe_error = o.detail.clone();
                 let n = r.probe_failures;
-                r.next_probe = now
-                    + if kind == ProbeKind::Recheck {
-                        RECHECK_RETRY.min(interval)
-                    } else {
-                        interval
-                    };
+                if kind == ProbeKind::Recheck {
+                    // A warm replica under suspicion is not promotable: settle it soon.
+                    let recheck = m.config_of(r.spec).warmup.recheck;
+                    r.next_probe = now + RECHECK_RETRY.min(recheck);
+                }
                 let what = if kind == ProbeKind::Recheck {
                     "recheck"
                 } else {
