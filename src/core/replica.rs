@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::event::QueueTime;
 use super::signal::ReplicaSignal;
 use super::Time;
 
@@ -101,6 +102,8 @@ pub struct Replica {
     pub scrape_failing: bool,
     /// Since when scrapes have seen a non-empty queue.
     pub queue_nonempty_since: Option<Time>,
+    /// The queue-time totals of the last scrape that had them.
+    pub scraped_queue_time: Option<QueueTime>,
 }
 
 impl Replica {
@@ -132,6 +135,7 @@ impl Replica {
             scrape_in_flight: false,
             scrape_failing: false,
             queue_nonempty_since: None,
+            scraped_queue_time: None,
         }
     }
 
