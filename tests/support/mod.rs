@@ -347,12 +347,12 @@ pub async fn complete(
     Ok((status, tokens, text))
 }
 
-/// How many tokens one request must generate to hold a slot about `hold` on this machine now,
-/// measured with an unloaded request.
+/// How many tokens (at most `max`) one request must generate to hold a slot about `hold` on this
+/// machine now, measured with an unloaded request of `max` tokens (a token costs more as the
+/// context fills, so a short probe would overstate the speed).
 pub async fn tokens_for(client: &reqwest::Client, addr: &str, hold: Duration, max: u32) -> u32 {
-    let probe = 256;
     let started = Instant::now();
-    let (status, tokens, body) = complete(client, addr, probe).await.expect("probe request");
+    let (status, tokens, body) = complete(client, addr, max).await.expect("probe request");
     assert_eq!(status, 200, "{body}");
     let per_token = started.elapsed().as_secs_f64() / tokens.max(1) as f64;
     ((hold.as_secs_f64() / per_token) as u32).clamp(32, max)
