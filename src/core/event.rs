@@ -87,8 +87,33 @@ pub struct ScrapedQueue {
     /// The server's own measure of queue wait, where it has one; otherwise the core bounds the
     /// oldest wait by how long the queue has been continuously non-empty.
     pub oldest_wait_ms: Option<f64>,
+    /// Cumulative queue time of the requests that have left the queue, where the server counts
+    /// it (a queue-time histogram's `_sum`/`_count`, or a queue-duration counter and a request
+    /// counter). The core turns two scrapes of it into the mean wait of the requests that
+    /// started service in between.
+    pub queue_time: Option<QueueTime>,
     pub arrived: Option<u64>,
     pub completed: Option<u64>,
+}
+
+/// Monotonic totals over the requests that have left a server's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct QueueTime {
+    /// Their queue time, added up, in milliseconds.
+    pub total_ms: f64,
+    /// How many they are.
+    pub count: u64,
+}
+
+impl QueueTime {
+    /// Mean queue time of the requests that left the queue between `earlier` and `self`; none
+    /// when none left, or when the totals went backwards (the server restarted).
+    pub fn mean_since(&self, earlier: &QueueTime) -> Option<f64> {
+        if self.count <= earlier.count || self.total_ms < earlier.total_ms {
+            return None;
+        }
+        Some((self.total_ms - earlier.total_ms) / (self.count - earlier.count) as f64)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,8 +26,8 @@ pub mod status;
 mod tests;
 
 pub use event::{
-    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, RequestId, ScrapedQueue,
-    SpawnSpec, StopSignal,
+    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime, RequestId,
+    ScrapedQueue, SpawnSpec, StopSignal,
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::event::QueueTime;
 use super::signal::ReplicaSignal;
 use super::Time;
 
@@ -111,6 +112,8 @@ pub struct Replica {
     pub overrun_warned: bool,
     /// Since when scrapes have seen a non-empty queue.
     pub queue_nonempty_since: Option<Time>,
+    /// The queue-time totals of the last scrape that had them.
+    pub scraped_queue_time: Option<QueueTime>,
 }
 
 impl Replica {
@@ -147,6 +150,7 @@ impl Replica {
             reclaimed_for: None,
             gpu_used: Default::default(),
             overrun_warned: false,
+            scraped_queue_time: None,
         }
     }
 

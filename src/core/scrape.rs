@@ -77,7 +77,16 @@ impl Node {
             r.queue_nonempty_since = None;
             0.0
         };
-        let wait = q.oldest_wait_ms.map_or(bound_ms, |w| w.min(bound_ms));
+        // The server's estimate: its own oldest wait where it has one, else the mean wait of
+        // the requests that started service since the last scrape (none if none did: a queue
+        // that is not moving says nothing about its head but what the bound says).
+        let previous = std::mem::replace(&mut r.scraped_queue_time, q.queue_time);
+        let departed_mean = match (q.queue_time, previous) {
+            (Some(now_totals), Some(before)) => now_totals.mean_since(&before),
+            _ => None,
+        };
+        let estimate = q.oldest_wait_ms.or(departed_mean);
+        let wait = estimate.map_or(bound_ms, |w| w.clamp(0.0, bound_ms));
         let sample = Sample {
             at: now,
             oldest_wait_ms: wait,
@@ -97,5 +106,190 @@ impl Node {
         }
         self.record_replica_sample(id, sample, now, out);
         self.autoscale(&model, now, true, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::{model, Harness, BASE};
+    use super::super::{Action, Event, LogLevel, QueueTime, ReplicaId, ReplicaState, ScrapedQueue};
+
+    fn scraped_config(extra_scaling: &str) -> String {
+        let signal = "[model.signal]\nscrape = \"http://127.0.0.1:{port}/metrics?r={replica}\"\n\
+                      format = \"llamacpp\"\ninterval = \"250ms\"\n";
+        format!(
+            "{BASE}{}",
+            model(
+                "m",
+                "",
+                &format!("min = 1\nmax = 4\nwarm_pool = 1\ntarget_wait = \"300ms\"\n{extra_scaling}\n{signal}")
+            )
+        )
+    }
+
+    fn scrapes(actions: &[Action]) -> Vec<(ReplicaId, String)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Scrape { replica, url, .. } => Some((replica.clone(), url.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn warns(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Log {
+                    level: LogLevel::Warn,
+                    message,
+                    ..
+                } => Some(message.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A node with one routed and one warm replica of model `m`.
+    fn running() -> (Harness, ReplicaId) {
+        let mut h = Harness::new(&scraped_config(""));
+        let first = h.log.clone();
+        h.settle(first);
+        let routed = h.in_state("m", ReplicaState::Routed);
+        assert_eq!(routed.len(), 1);
+        assert_eq!(h.in_state("m", ReplicaState::Warm).len(), 1);
+        (h, routed[0].clone())
+    }
+
+    fn answer(h: &mut Harness, id: &ReplicaId, q: Result<ScrapedQueue, String>) -> Vec<Action> {
+        h.send(Event::Scraped {
+            replica: id.clone(),
+            outcome: q,
+        })
+    }
+
+    fn last_wait(h: &Harness, id: &ReplicaId) -> f64 {
+        h.node.replicas[id].signal.last().unwrap().oldest_wait_ms
+    }
+
+    #[test]
+    fn only_routed_replicas_are_scraped_one_request_at_a_time() {
+        let (mut h, r) = running();
+        let out = h.advance(Duration::from_millis(250));
+        let port = h.node.replicas[&r].port.unwrap();
+        assert_eq!(
+            scrapes(&out),
+            vec![(
+                r.clone(),
+                format!("http://127.0.0.1:{port}/metrics?r={}", r.0)
+            )],
+            "the warm replica is not scraped; placeholders expand per replica"
+        );
+        // Still out: no second request however long it takes.
+        assert!(scrapes(&h.run_for(Duration::from_secs(2))).is_empty());
+        answer(&mut h, &r, Ok(ScrapedQueue::default()));
+        assert_eq!(scrapes(&h.advance(Duration::from_millis(250))).len(), 1);
+    }
+
+    #[test]
+    fn without_a_server_wait_the_oldest_wait_is_how_long_the_queue_has_been_non_empty() {
+        let (mut h, r) = running();
+        let busy = ScrapedQueue {
+            queue_depth: 2,
+            in_flight: 3,
+            ..Default::default()
+        };
+        answer(&mut h, &r, Ok(busy));
+        assert_eq!(last_wait(&h, &r), 0.0, "first sight of the queue");
+        h.now = h.now + Duration::from_millis(200);
+        answer(&mut h, &r, Ok(busy));
+        assert_eq!(last_wait(&h, &r), 200.0);
+        h.now = h.now + Duration::from_millis(200);
+        answer(&mut h, &r, Ok(ScrapedQueue::default()));
+        assert_eq!(last_wait(&h, &r), 0.0, "an empty queue resets the bound");
+        h.now = h.now + Duration::from_millis(200);
+        answer(&mut h, &r, Ok(busy));
+        assert_eq!(last_wait(&h, &r), 0.0);
+    }
+
+    #[test]
+    fn the_bound_alone_promotes_the_warm_replica_once_past_target() {
+        let (mut h, r) = running();
+        let busy = ScrapedQueue {
+            queue_depth: 3,
+            in_flight: 4,
+            ..Default::default()
+        };
+        answer(&mut h, &r, Ok(busy));
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(busy));
+        assert_eq!(
+            h.in_state("m", ReplicaState::Routed).len(),
+            1,
+            "250 ms < target"
+        );
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(busy));
+        assert_eq!(
+            h.in_state("m", ReplicaState::Routed).len(),
+            2,
+            "500 ms > 300 ms target: the warm replica is promoted on this scrape"
+        );
+    }
+
+    #[test]
+    fn queue_time_totals_give_the_mean_wait_of_the_requests_that_left_the_queue() {
+        let (mut h, r) = running();
+        let q = |total_ms: f64, count: u64| ScrapedQueue {
+            queue_depth: 4,
+            in_flight: 12,
+            queue_time: Some(QueueTime { total_ms, count }),
+            ..Default::default()
+        };
+        answer(&mut h, &r, Ok(q(10_000.0, 100)));
+        for _ in 0..8 {
+            h.now = h.now + Duration::from_millis(250);
+            answer(&mut h, &r, Ok(q(10_000.0, 100)));
+        }
+        assert_eq!(
+            last_wait(&h, &r),
+            2000.0,
+            "nobody left the queue: only the bound speaks"
+        );
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(q(10_600.0, 103)));
+        assert_eq!(last_wait(&h, &r), 200.0, "(10600 - 10000) / (103 - 100)");
+        // The estimate never exceeds the bound.
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(q(20_600.0, 104)));
+        assert_eq!(last_wait(&h, &r), 2500.0);
+        // Totals that go backwards (a restart) give no estimate until the next pair.
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(q(50.0, 1)));
+        assert_eq!(last_wait(&h, &r), 2750.0);
+        h.now = h.now + Duration::from_millis(250);
+        answer(&mut h, &r, Ok(q(150.0, 2)));
+        assert_eq!(last_wait(&h, &r), 100.0);
+    }
+
+    #[test]
+    fn a_failing_scrape_is_no_signal_and_is_logged_once_per_episode() {
+        let (mut h, r) = running();
+        answer(&mut h, &r, Ok(ScrapedQueue::default()));
+        let samples = h.node.replicas[&r].signal.history.len();
+        let mut logged = Vec::new();
+        for _ in 0..5 {
+            h.now = h.now + Duration::from_millis(250);
+            logged.extend(warns(&answer(&mut h, &r, Err("connection refused".into()))));
+        }
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert!(logged[0].contains("connection refused"), "{logged:?}");
+        assert_eq!(h.node.replicas[&r].signal.history.len(), samples);
+        answer(&mut h, &r, Ok(ScrapedQueue::default()));
+        let again = warns(&answer(&mut h, &r, Err("timed out".into())));
+        assert_eq!(again.len(), 1, "a new episode is logged again");
     }
 }
