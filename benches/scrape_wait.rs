@@ -121,32 +121,6 @@ fn truth(reqs: &[Req], t: Instant) -> (f64, u64) {
     )
 }
 
-/// A what-if, not what hearth runs: the non-empty bound tightened by FIFO order. Each fall in
-/// depth between two samples is at least that many requests leaving the queue; once as many have
-/// left since sample j as were waiting at j, everything waiting at j is gone and the head arrived
-/// after j. Computed from the same samples the daemon recorded.
-fn fifo_bound(ests: &[Estimate], i: usize) -> f64 {
-    if ests[i].depth == 0 {
-        return 0.0;
-    }
-    let mut s = i;
-    while s > 0 && ests[s - 1].depth > 0 {
-        s -= 1;
-    }
-    let mut left_since = 0u64; // falls in depth from sample j to sample i
-    let mut j = i;
-    loop {
-        if j < i && left_since >= ests[j].depth {
-            return ests[i].at.duration_since(ests[j].at).as_secs_f64() * 1000.0;
-        }
-        if j == s {
-            return ests[i].at.duration_since(ests[s].at).as_secs_f64() * 1000.0;
-        }
-        left_since += ests[j - 1].depth.saturating_sub(ests[j].depth);
-        j -= 1;
-    }
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -287,21 +261,13 @@ fn main() {
         ests.len()
     );
     println!(
-        "{:>4} {:>5} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}",
-        "sec",
-        "sent",
-        "true depth",
-        "est depth",
-        "true wait ms",
-        "est wait ms",
-        "err ms",
-        "what-if fifo"
+        "{:>4} {:>5} {:>10} {:>10} {:>12} {:>12} {:>10}",
+        "sec", "sent", "true depth", "est depth", "true wait ms", "est wait ms", "err ms",
     );
     let secs = (total.ceil() as u64) + 3;
     let mut errs = Vec::new();
     let mut errs_queued = Vec::new();
     let mut depth_errs = Vec::new();
-    let mut fifo_errs = Vec::new();
     for s in 0..secs {
         let lo = start + Duration::from_secs(s);
         let hi = lo + Duration::from_secs(1);
@@ -312,13 +278,10 @@ fn main() {
         if rows.is_empty() {
             continue;
         }
-        let (mut tw, mut ew, mut td, mut ed, mut fw) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let (mut tw, mut ew, mut td, mut ed) = (0.0, 0.0, 0.0, 0.0);
         for &i in &rows {
             let e = &ests[i];
             let (w, d) = truth(&reqs, e.at);
-            let f = fifo_bound(&ests, i);
-            fw += f;
-            fifo_errs.push(f - w);
             tw += w;
             ew += e.wait_ms;
             td += d as f64;
@@ -331,13 +294,12 @@ fn main() {
         }
         let n = rows.len() as f64;
         println!(
-            "{s:>4} {sent:>5} {:>10.1} {:>10.1} {:>12.0} {:>12.0} {:>+10.0} {:>14.0}",
+            "{s:>4} {sent:>5} {:>10.1} {:>10.1} {:>12.0} {:>12.0} {:>+10.0}",
             td / n,
             ed / n,
             tw / n,
             ew / n,
             (ew - tw) / n,
-            fw / n
         );
     }
     let stats = |name: &str, v: &[f64]| {
@@ -358,8 +320,6 @@ fn main() {
     println!("estimated − true oldest wait (ms), at each recorded scrape:");
     stats("  all samples", &errs);
     stats("  queue non-empty", &errs_queued);
-    println!("what-if FIFO-tightened bound − true oldest wait (ms), same samples:");
-    stats("  all samples", &fifo_errs);
     println!("estimated − true queue depth (requests):");
     stats("  all samples", &depth_errs);
     let exact = depth_errs.iter().filter(|e| e.abs() < 0.5).count();

@@ -85,7 +85,8 @@ pub struct ScrapedQueue {
     pub queue_depth: u64,
     pub in_flight: u64,
     /// The server's own measure of queue wait, where it has one; otherwise the core bounds the
-    /// oldest wait by how long the queue has been continuously non-empty.
+    /// oldest wait by how long the queue has been non-empty, tightened by FIFO departures
+    /// (see `oldest_wait_bound` in scrape.rs).
     pub oldest_wait_ms: Option<f64>,
     /// Cumulative queue time of the requests that have left the queue, where the server counts
     /// it (a queue-time histogram's `_sum`/`_count`, or a queue-duration counter and a request

@@ -110,8 +110,11 @@ pub struct Replica {
     pub gpu_used: std::collections::BTreeMap<String, u64>,
     /// An overrun of the declared `gpu_memory` was logged (once per episode).
     pub overrun_warned: bool,
-    /// Since when scrapes have seen a non-empty queue.
-    pub queue_nonempty_since: Option<Time>,
+    /// Requests the scrapes saw waiting, oldest first: (the earliest they can have arrived,
+    /// how many). Bounds the oldest wait of servers that do not say it.
+    pub queue_cohorts: std::collections::VecDeque<(Time, u64)>,
+    /// The previous successful scrape.
+    pub last_scraped: Option<Time>,
     /// The queue-time totals of the last scrape that had them.
     pub scraped_queue_time: Option<QueueTime>,
 }
@@ -146,7 +149,8 @@ impl Replica {
             scrape_next: now,
             scrape_in_flight: false,
             scrape_failing: false,
-            queue_nonempty_since: None,
+            queue_cohorts: Default::default(),
+            last_scraped: None,
             reclaimed_for: None,
             gpu_used: Default::default(),
             overrun_warned: false,

@@ -68,15 +68,7 @@ impl Node {
             }
         };
         let recovered = std::mem::take(&mut r.scrape_failing);
-        // The oldest waiting request cannot have waited longer than the queue has been
-        // continuously non-empty, as far as the scrapes saw it.
-        let bound_ms = if q.queue_depth > 0 {
-            let since = *r.queue_nonempty_since.get_or_insert(now);
-            now.since(since).as_secs_f64() * 1000.0
-        } else {
-            r.queue_nonempty_since = None;
-            0.0
-        };
+        let bound_ms = oldest_wait_bound(r, q.queue_depth, now);
         // The server's estimate: its own oldest wait where it has one, else the mean wait of
         // the requests that started service since the last scrape (none if none did: a queue
         // that is not moving says nothing about its head but what the bound says).
@@ -107,6 +99,33 @@ impl Node {
         self.record_replica_sample(id, sample, now, out);
         self.autoscale(&model, now, true, out);
     }
+}
+
+/// An upper bound on the oldest wait from queue depths alone. The queue has been non-empty at
+/// least since the head arrived; tighter, reading the queue as FIFO: requests that appeared
+/// between two scrapes arrived at the earliest at the first of them, and a fall in depth means
+/// at least that many of the oldest left. With no departures seen, this is how long the queue
+/// has been continuously non-empty.
+fn oldest_wait_bound(r: &mut super::replica::Replica, depth: u64, now: Time) -> f64 {
+    let since = r.last_scraped.replace(now).unwrap_or(now);
+    let mut seen: u64 = r.queue_cohorts.iter().map(|(_, n)| n).sum();
+    if depth > seen {
+        r.queue_cohorts.push_back((since, depth - seen));
+    }
+    while seen > depth {
+        let Some(front) = r.queue_cohorts.front_mut() else {
+            break;
+        };
+        let gone = front.1.min(seen - depth);
+        front.1 -= gone;
+        seen -= gone;
+        if front.1 == 0 {
+            r.queue_cohorts.pop_front();
+        }
+    }
+    r.queue_cohorts
+        .front()
+        .map_or(0.0, |(t, _)| now.since(*t).as_secs_f64() * 1000.0)
 }
 
 #[cfg(test)]
@@ -212,7 +231,28 @@ mod tests {
         assert_eq!(last_wait(&h, &r), 0.0, "an empty queue resets the bound");
         h.now = h.now + Duration::from_millis(200);
         answer(&mut h, &r, Ok(busy));
-        assert_eq!(last_wait(&h, &r), 0.0);
+        assert_eq!(
+            last_wait(&h, &r),
+            200.0,
+            "they arrived after the previous scrape at the earliest"
+        );
+    }
+
+    #[test]
+    fn departures_seen_as_falling_depth_tighten_the_bound_fifo() {
+        let (mut h, r) = running();
+        let depth = |d: u64| ScrapedQueue {
+            queue_depth: d,
+            in_flight: d + 1,
+            ..Default::default()
+        };
+        for d in [2, 4, 6] {
+            answer(&mut h, &r, Ok(depth(d)));
+            h.now = h.now + Duration::from_secs(1);
+        }
+        // Non-empty for 3 s, but the 4 oldest have left: the head arrived after the 2nd scrape.
+        answer(&mut h, &r, Ok(depth(2)));
+        assert_eq!(last_wait(&h, &r), 2000.0);
     }
 
     #[test]

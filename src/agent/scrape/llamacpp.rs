@@ -4,7 +4,8 @@
 //!   give a slot yet (all `-np` slots busy); they wait in its deferred queue.
 //! - `in_flight` = deferred + `llamacpp:requests_processing` (requests holding a slot).
 //! - `oldest_wait_ms`: none. llama.cpp measures no queue time, so the core bounds the oldest wait
-//!   by how long the deferred queue has been continuously non-empty across scrapes.
+//!   by how long the deferred queue has been non-empty across scrapes, tightened by FIFO
+//!   departures (the core's `oldest_wait_bound`).
 //! - `queue_time`, `arrived`, `completed`: none. Its counters count tokens
 //!   (`prompt_tokens_total`, `tokens_predicted_total`) and decode calls (`n_decode_total`), not
 //!   requests, so no request rate can be read from them.
