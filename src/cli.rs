@@ -119,6 +119,8 @@ pub enum Command {
     },
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
+    /// Replay traffic against hearth's policy and published autoscalers
+    Simulate(crate::sim::SimArgs),
 }
 
 fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
@@ -211,7 +213,10 @@ pub async fn client_verb(command: Command) -> ExitCode {
         ),
         Command::Uncordon { gpu, socket } => (socket, Request::Uncordon { gpu }, Render::Quiet),
         Command::Reload { socket } => (socket, Request::Reload, Render::Quiet),
-        Command::Daemon { .. } | Command::CheckConfig { .. } | Command::ToyServer(_) => {
+        Command::Daemon { .. }
+        | Command::CheckConfig { .. }
+        | Command::ToyServer(_)
+        | Command::Simulate(_) => {
             unreachable!("not a client verb")
         }
     };
