@@ -159,6 +159,9 @@ pub struct SimArgs {
     /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,
+    /// Print the setup and the table as Markdown (for BENCHMARKS.md)
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
     /// Write an SVG of arrival rate, oldest wait and replicas over time
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -438,6 +441,16 @@ pub fn main(a: SimArgs) -> ExitCode {
         if let Some(attr) = &w.attribution {
             eprintln!("trace: {attr}");
         }
+    } else if a.markdown {
+        println!("### {}\n", w.name);
+        for n in &notes {
+            println!("- {n}");
+        }
+        println!(
+            "- {} requests measured; work-conserving lower bound {:.0} replica-s\n",
+            report.requests, report.lower_bound_replica_seconds
+        );
+        print!("{}", report::markdown(&report));
     } else {
         for n in &notes {
             println!("{n}");
