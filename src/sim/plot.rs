@@ -109,7 +109,7 @@ impl Panel {
             esc(y_label)
         );
         // Time axis.
-        let step = nice_step(self.x_max_min);
+        let step = nice_step(self.x_max_min * 5.0 / 8.0);
         let mut m = 0.0;
         while m <= self.x_max_min + 1e-9 {
             let x = self.x(m);
@@ -274,7 +274,10 @@ pub fn svg(
         p2.y_tick(&mut svg, y2(v), &fmt_num(v));
         e += 1;
     }
-    for s in series {
+    // Lines that coincide stay visible: each policy is drawn a pixel or so apart.
+    let offset = |i: usize| (i as f64 - (series.len() as f64 - 1.0) / 2.0) * 1.5;
+    for (k, s) in series.iter().enumerate() {
+        let dy = offset(k);
         let pts: Vec<(f64, f64)> = (0..bins)
             .map(|i| {
                 let a = i * bin_s as usize;
@@ -283,7 +286,7 @@ pub fn svg(
                     .points
                     .get(a..b)
                     .map_or(0, |ps| ps.iter().map(|p| p.oldest).max().unwrap_or(0));
-                (p2.x(bin_mid(i)), y2(m as f64 / SEC as f64))
+                (p2.x(bin_mid(i)), y2(m as f64 / SEC as f64) + dy)
             })
             .collect();
         let width = if s.policy == "hearth" { 2.0 } else { 1.3 };
@@ -315,7 +318,10 @@ pub fn svg(
     let ytop = (most / step).ceil() * step;
     p3.frame(
         &mut svg,
-        &format!("Replicas holding a GPU (starting, warm, routed, draining; max per {bin_s} s)"),
+        &format!(
+            "Replicas holding a GPU (starting, warm, routed, draining; max per {bin_s} s; \
+             lines drawn 1.5 px apart)"
+        ),
         "replicas",
         warm_min,
     );
@@ -333,7 +339,8 @@ pub fn svg(
         W - RIGHT + 6.0,
         my + 4.0
     );
-    for s in series {
+    for (k, s) in series.iter().enumerate() {
+        let dy = offset(k);
         let mut pts = Vec::with_capacity(bins * 2);
         for i in 0..bins {
             let a = i * bin_s as usize;
@@ -342,8 +349,8 @@ pub fn svg(
                 continue;
             };
             let m = ps.iter().map(|p| p.holding).max().unwrap_or(0) as f64;
-            pts.push((p3.x(a as f64 / 60.0), y3(m)));
-            pts.push((p3.x(b as f64 / 60.0), y3(m)));
+            pts.push((p3.x(a as f64 / 60.0), y3(m) + dy));
+            pts.push((p3.x(b as f64 / 60.0), y3(m) + dy));
         }
         let width = if s.policy == "hearth" { 2.0 } else { 1.3 };
         polyline(&mut svg, &pts, color(s.policy), width, None);

@@ -16,7 +16,8 @@
 //! Concurrency per pod is what its queue-proxy reports: the average number of requests inside it
 //! (running and queued) over the last second; requests buffered by the activator (here: waiting at
 //! the router while no replica is routable) are counted too. The window averages are means of
-//! the per-second revision totals.
+//! the per-second revision totals. Not modelled: the activator's own load balancing when it sits
+//! in the request path (`target-burst-capacity`); every policy shares one router.
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -15,7 +15,9 @@
 //! control loop every 0.1 s. `min_replicas`/`max_replicas` are the model's `min`/`max`.
 //!
 //! "Ongoing requests" are those running or queued at the replicas plus those queued at the
-//! handle (here: waiting at the router).
+//! handle (here: waiting at the router). Not modelled: `max_ongoing_requests` (default 5), the
+//! per-replica cap at which Ray's router holds requests back; every policy shares one router
+//! that commits each request to the least-loaded replica (its slots, then its FIFO queue).
 
 use std::collections::VecDeque;
 
