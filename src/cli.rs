@@ -90,6 +90,8 @@ pub enum Command {
     Reload,
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
+    /// Replay traffic against hearth's policy and published autoscalers
+    Simulate(crate::sim::SimArgs),
 }
 
 fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
@@ -170,7 +172,10 @@ pub async fn client_verb(command: Command, socket: Option<PathBuf>) -> ExitCode 
         ),
         Command::Uncordon { gpu } => (Request::Uncordon { gpu }, Render::Quiet),
         Command::Reload => (Request::Reload, Render::Quiet),
-        Command::Daemon { .. } | Command::CheckConfig { .. } | Command::ToyServer(_) => {
+        Command::Daemon { .. }
+        | Command::CheckConfig { .. }
+        | Command::ToyServer(_)
+        | Command::Simulate(_) => {
             unreachable!("not a client verb")
         }
     };

@@ -7,4 +7,5 @@ pub mod client;
 pub mod config;
 pub mod core;
 pub mod protocol;
+pub mod sim;
 pub mod toy_server;

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Simulate(args) => hearth::sim::main(args),
         other => runtime().block_on(client_verb(other, cli.socket)),
     }
 }

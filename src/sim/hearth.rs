@@ -1,0 +1,314 @@
+//! hearth itself: the real `core::Node`, driven as the daemon's shell drives it, with virtual
+//! time. The simulator carries no copy of the policy; what is measured is what runs.
+//!
+//! The shell's part, simulated:
+//! - `Spawn` → the process exists at once (`Spawned`); its warm-up request succeeds once the cold
+//!   start has elapsed since the spawn (the first warm-up probe is answered then — a real shell
+//!   would see refusals until then, which only cost events).
+//! - `Probe` (recheck, liveness) → succeeds after its `after`.
+//! - `Signal` (TERM or KILL) → the process exits now (`Exited`); whatever it still had in flight
+//!   is killed and counted. The core sends TERM to a draining replica only once its reports show
+//!   no work, so a drain kills nothing unless `drain_timeout` runs out.
+//! - `Publish(Routed)` → the router's routed set; a replica added to it receives traffic after
+//!   the promotion delay, one removed from it receives nothing more at once.
+//! - Every second, each routed and draining replica reports its own queue (`oldest_wait_ms`,
+//!   `queue_depth` = waiting, `in_flight` = waiting + running, monotonic `arrived`/`completed`)
+//!   through `Event::Request`, as a replica's server would on the socket. While no replica is
+//!   routable and requests wait at the router, the router reports them model-wide.
+//! - `Event::Tick` every `daemon.tick`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::config::{Config, WarmPool};
+use crate::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, ReplicaId, Time};
+use crate::protocol::{Report, Request, WatchEvent};
+
+use super::engine::{Driver, Ev, Sim};
+use super::Us;
+
+pub struct HearthDriver {
+    node: Node,
+    model: String,
+    tick: Us,
+    by_id: BTreeMap<String, u32>,
+    /// The core's last published state of each replica, by sim index.
+    state: BTreeMap<u32, String>,
+    routed: BTreeSet<u32>,
+    /// Spawned while building the initial fleet: warm at once.
+    prewarmed: BTreeSet<u32>,
+    init: bool,
+    next_request: u64,
+    next_pid: u32,
+    scale_actions: u64,
+}
+
+fn time(us: Us) -> Time {
+    Time(Duration::from_micros(us))
+}
+
+impl HearthDriver {
+    /// `config` holds the simulated model; `pool` false forces `warm_pool = 0` (hearth-nopool).
+    pub fn new(mut config: Config, model: &str, pool: bool) -> HearthDriver {
+        // The simulated host has room for every replica: placement is not what is measured.
+        config.models.retain(|m| m.name == model);
+        for m in &mut config.models {
+            m.gpus = 0;
+            m.gpu_memory = None;
+            if !pool {
+                m.scaling.warm_pool = WarmPool::Fixed(0);
+            }
+        }
+        let tick = config.daemon.tick.as_micros().max(1) as Us;
+        HearthDriver {
+            node: Node::new(config, Vec::new(), BTreeMap::new(), Time::ZERO),
+            model: model.to_string(),
+            tick,
+            by_id: BTreeMap::new(),
+            state: BTreeMap::new(),
+            routed: BTreeSet::new(),
+            prewarmed: BTreeSet::new(),
+            init: false,
+            next_request: 1,
+            next_pid: 1000,
+            scale_actions: 0,
+        }
+    }
+
+    /// Hands one event to the core and carries out what it asks, including the events that
+    /// follow at the same instant.
+    fn feed(&mut self, sim: &mut Sim, event: Event) {
+        let mut queue = VecDeque::from([event]);
+        while let Some(e) = queue.pop_front() {
+            let actions = self.node.handle(e, time(sim.now));
+            for a in actions {
+                self.apply(sim, a, &mut queue);
+            }
+        }
+    }
+
+    fn ok() -> ProbeOutcome {
+        ProbeOutcome {
+            ok: true,
+            not_ready: false,
+            detail: "200 OK".into(),
+        }
+    }
+
+    fn apply(&mut self, sim: &mut Sim, action: Action, queue: &mut VecDeque<Event>) {
+        match action {
+            Action::Spawn(spec) => {
+                let r = sim.spawn(spec.replica.0.clone(), self.init);
+                if self.init {
+                    self.prewarmed.insert(r);
+                }
+                self.by_id.insert(spec.replica.0.clone(), r);
+                self.next_pid += 1;
+                queue.push_back(Event::Spawned {
+                    replica: spec.replica,
+                    pid: self.next_pid,
+                });
+            }
+            Action::Probe {
+                replica,
+                kind,
+                after,
+                ..
+            } => {
+                let Some(&r) = self.by_id.get(&replica.0) else {
+                    return;
+                };
+                let after = after.as_micros() as Us;
+                let at = match kind {
+                    ProbeKind::Warmup if self.prewarmed.contains(&r) => sim.now,
+                    ProbeKind::Warmup => {
+                        let ready = sim.cl.replicas[r as usize].spawned + sim.p.cold_start;
+                        (sim.now + after).max(ready)
+                    }
+                    ProbeKind::Recheck | ProbeKind::Liveness => sim.now + after,
+                };
+                if at == sim.now {
+                    if kind == ProbeKind::Warmup {
+                        sim.cl.replicas[r as usize].ready = Some(sim.now);
+                    }
+                    queue.push_back(Event::Probed {
+                        replica,
+                        kind,
+                        outcome: Self::ok(),
+                    });
+                } else {
+                    let k = match kind {
+                        ProbeKind::Warmup => 0,
+                        ProbeKind::Recheck => 1,
+                        ProbeKind::Liveness => 2,
+                    };
+                    sim.at(
+                        at,
+                        Ev::Probe {
+                            replica: r,
+                            kind: k,
+                        },
+                    );
+                }
+            }
+            Action::Signal { replica, .. } => {
+                let Some(&r) = self.by_id.get(&replica.0) else {
+                    return;
+                };
+                if sim.cl.replicas[r as usize].alive() {
+                    self.routed.remove(&r);
+                    sim.exit(r);
+                    queue.push_back(Event::Exited {
+                        replica,
+                        status: "exit status 0".into(),
+                    });
+                }
+            }
+            Action::Publish(WatchEvent::Routed { endpoints, .. }) => {
+                let now: BTreeSet<u32> = endpoints
+                    .iter()
+                    .filter_map(|e| self.by_id.get(&e.replica).copied())
+                    .collect();
+                for r in self.routed.difference(&now) {
+                    sim.unroute(*r);
+                }
+                for r in now.difference(&self.routed) {
+                    sim.route(*r, self.init);
+                }
+                self.routed = now;
+            }
+            Action::Publish(WatchEvent::Scale { .. }) if sim.now >= sim.p.warmup => {
+                self.scale_actions += 1;
+            }
+            Action::Publish(WatchEvent::Replica { replica, state, .. }) => {
+                if let Some(&r) = self.by_id.get(&replica) {
+                    if state == "draining" || state == "stopping" {
+                        sim.cl.replicas[r as usize].draining = true;
+                    }
+                    self.state.insert(r, state);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn report(&mut self, sim: &Sim, r: Option<u32>) -> Event {
+        let now = sim.now;
+        let (oldest, depth, in_flight, arrived, completed, replica) = match r {
+            Some(r) => {
+                let x = &sim.cl.replicas[r as usize];
+                let oldest = x
+                    .waiting
+                    .front()
+                    .map_or(0, |&q| now - sim.cl.reqs[q as usize].arrival);
+                (
+                    oldest,
+                    x.waiting.len() as u64,
+                    x.in_flight(),
+                    Some(x.arrived),
+                    Some(x.completed),
+                    Some(x.name.clone()),
+                )
+            }
+            None => {
+                let q = &sim.cl.router_queue;
+                let oldest = q
+                    .front()
+                    .map_or(0, |&q| now - sim.cl.reqs[q as usize].arrival);
+                (oldest, q.len() as u64, q.len() as u64, None, None, None)
+            }
+        };
+        self.next_request += 1;
+        Event::Request {
+            id: self.next_request,
+            peer: Peer::trusted(),
+            request: Request::Report(Report {
+                model: self.model.clone(),
+                replica,
+                oldest_wait_ms: Some(oldest as f64 / 1000.0),
+                queue_depth: Some(depth),
+                in_flight: Some(in_flight),
+                arrived,
+                completed,
+            }),
+        }
+    }
+}
+
+impl Driver for HearthDriver {
+    fn init(&mut self, sim: &mut Sim) {
+        self.init = true;
+        self.feed(sim, Event::Tick);
+        self.init = false;
+    }
+
+    fn tick_period(&self) -> Option<Us> {
+        Some(self.tick)
+    }
+
+    fn on_tick(&mut self, sim: &mut Sim) {
+        self.feed(sim, Event::Tick);
+    }
+
+    fn on_second(&mut self, sim: &mut Sim) {
+        let reporting: Vec<u32> = self
+            .state
+            .iter()
+            .filter(|(r, s)| {
+                (s.as_str() == "routed" || s.as_str() == "draining")
+                    && sim.cl.replicas[**r as usize].alive()
+            })
+            .map(|(r, _)| *r)
+            .collect();
+        for r in reporting {
+            // An earlier report this second may have stopped it.
+            let still = self
+                .state
+                .get(&r)
+                .is_some_and(|s| s == "routed" || s == "draining");
+            if still && sim.cl.replicas[r as usize].alive() {
+                let ev = self.report(sim, Some(r));
+                self.feed(sim, ev);
+            }
+        }
+        let none_routable = !sim.cl.replicas.iter().any(|x| x.routable && x.alive());
+        if none_routable && !sim.cl.router_queue.is_empty() {
+            let ev = self.report(sim, None);
+            self.feed(sim, ev);
+        }
+    }
+
+    fn on_event(&mut self, sim: &mut Sim, ev: Ev) {
+        if let Ev::Probe { replica, kind } = ev {
+            let x = &sim.cl.replicas[replica as usize];
+            if !x.alive() {
+                return;
+            }
+            let kind = match kind {
+                0 => ProbeKind::Warmup,
+                1 => ProbeKind::Recheck,
+                _ => ProbeKind::Liveness,
+            };
+            if kind == ProbeKind::Warmup {
+                sim.cl.replicas[replica as usize].ready = Some(sim.now);
+            }
+            let id = ReplicaId(sim.cl.replicas[replica as usize].name.clone());
+            self.feed(
+                sim,
+                Event::Probed {
+                    replica: id,
+                    kind,
+                    outcome: Self::ok(),
+                },
+            );
+        }
+    }
+
+    fn on_idle(&mut self, _sim: &mut Sim, _r: u32) {
+        // The core learns it from the replica's next report, as the daemon would.
+    }
+
+    fn scale_actions(&self) -> u64 {
+        self.scale_actions
+    }
+}

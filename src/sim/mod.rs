@@ -1,0 +1,503 @@
+//! `hearth simulate`: replays a workload against hearth's real policy (the core's `Node`, driven
+//! with virtual time) and against published autoscalers, on one model of replicas and queues.
+//!
+//! - `workload`: synthetic scenarios and CSV traces, with `--speed` / `--rate-mult`.
+//! - `cluster`: replicas with slots and FIFO queues, the least-loaded router.
+//! - `engine`: the discrete-event loop and the `Driver` interface.
+//! - `hearth`: the core as the daemon's shell would drive it.
+//! - `baselines`: Kubernetes HPA (utilisation, queue depth), Knative KPA, Ray Serve, Cortex.
+//! - `report`, `plot`: figures, `--json`, the table, the SVG.
+
+pub mod baselines;
+pub mod cluster;
+pub mod engine;
+pub mod hearth;
+pub mod plot;
+pub mod report;
+pub mod rng;
+pub mod workload;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{Config, WarmPool};
+use baselines::{cortex::Cortex, fixed::Fixed, hpa::Hpa, kpa::Kpa, ray::Ray};
+use baselines::{BaselineDriver, Targets};
+use engine::{Driver, Params, Point};
+use report::Report;
+use workload::{ServiceModel, Workload};
+
+/// Virtual time, microseconds.
+pub type Us = u64;
+pub const SEC: Us = 1_000_000;
+
+fn us(d: Duration) -> Us {
+    d.as_micros() as Us
+}
+
+/// The policies `--policy` may name. The default set is every one but `fixed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Hearth,
+    HearthNoPool,
+    HpaUtil,
+    HpaQueue,
+    Kpa,
+    Ray,
+    Cortex,
+    /// `min` replicas, never scaled: a control for checking the queueing model.
+    Fixed,
+}
+
+impl Policy {
+    pub const DEFAULT: [Policy; 7] = [
+        Policy::Hearth,
+        Policy::HearthNoPool,
+        Policy::HpaUtil,
+        Policy::HpaQueue,
+        Policy::Kpa,
+        Policy::Ray,
+        Policy::Cortex,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Hearth => "hearth",
+            Policy::HearthNoPool => "hearth-nopool",
+            Policy::HpaUtil => "hpa-util",
+            Policy::HpaQueue => "hpa-queue",
+            Policy::Kpa => "kpa",
+            Policy::Ray => "ray",
+            Policy::Cortex => "cortex",
+            Policy::Fixed => "fixed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Policy> {
+        Policy::DEFAULT
+            .iter()
+            .chain([Policy::Fixed].iter())
+            .copied()
+            .find(|p| p.name() == s)
+    }
+}
+
+fn parse_dur(s: &str) -> Result<Duration, String> {
+    crate::config::parse_duration(s)
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?}: expected a positive number")),
+    }
+}
+
+/// `hearth simulate` options.
+#[derive(Args, Debug, Clone)]
+#[command(
+    about = "Replay traffic against hearth's policy and published autoscalers",
+    after_help = "Scenarios: step, burst, diurnal, sawtooth, flash-crowd (synthetic, seeded), \
+azure-conv, azure-code (the Azure LLM inference traces 2023, CC-BY 4.0: give the CSV with \
+--trace, or set HEARTH_TRACE_DIR to its folder).\n--speed X divides arrival times by X; \
+--rate-mult X multiplies the arrival rate (synthetic: the Poisson rate; traces: each arrival \
+kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s)."
+)]
+pub struct SimArgs {
+    /// Configuration file: the model's [model.scaling] is what hearth runs with
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The model (from the configuration) to simulate
+    #[arg(long)]
+    pub model: String,
+    /// A built-in scenario
+    #[arg(long, required_unless_present = "trace")]
+    pub scenario: Option<String>,
+    /// A CSV trace: Azure format (TIMESTAMP,ContextTokens,GeneratedTokens) or t_seconds[,service_s]
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Time compression of the arrivals
+    #[arg(long, default_value = "1", value_parser = parse_positive)]
+    pub speed: f64,
+    /// Arrival-rate multiplier
+    #[arg(long = "rate-mult", default_value = "1", value_parser = parse_positive)]
+    pub rate_mult: f64,
+    /// Comma-separated: hearth,hearth-nopool,hpa-util,hpa-queue,kpa,ray,cortex (default: all);
+    /// also fixed
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<String>,
+    /// Spawn → warm (ready) time of a replica
+    #[arg(long = "cold-start", default_value = "60s", value_parser = parse_dur)]
+    pub cold_start: Duration,
+    /// Requests a replica serves at once (slots)
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: u32,
+    /// Service time per context token
+    #[arg(long = "prefill-per-token", default_value = "0.2ms", value_parser = parse_dur)]
+    pub prefill_per_token: Duration,
+    /// Service time per generated token
+    #[arg(long = "decode-per-token", default_value = "20ms", value_parser = parse_dur)]
+    pub decode_per_token: Duration,
+    /// A replica added to the routed set receives traffic after this delay
+    #[arg(long = "promotion-delay", default_value = "500ms", value_parser = parse_dur)]
+    pub promotion_delay: Duration,
+    /// Initial transient left out of the figures
+    #[arg(long, default_value = "5m", value_parser = parse_dur)]
+    pub warmup: Duration,
+    /// Replay only the first D of the workload
+    #[arg(long, value_parser = parse_dur)]
+    pub duration: Option<Duration>,
+    /// Seed of the synthetic arrivals and of trace thinning/replication
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the figures as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Print the setup and the table as Markdown (for BENCHMARKS.md)
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+    /// Write an SVG of arrival rate, oldest wait and replicas over time
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Everything a simulation needs besides the workload.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub config: Config,
+    pub model: String,
+    pub params: Params,
+    pub targets: Targets,
+}
+
+impl Setup {
+    /// Reads the model's scaling settings; errors name what is wrong.
+    pub fn new(
+        config: Config,
+        model: &str,
+        concurrency: u32,
+        cold_start: Duration,
+        promotion: Duration,
+        warmup: Duration,
+        w: &Workload,
+    ) -> Result<Setup, String> {
+        let m = config.model(model).ok_or_else(|| {
+            let names: Vec<&str> = config.models.iter().map(|m| m.name.as_str()).collect();
+            format!(
+                "no model {model:?} in {} (models: {})",
+                config.path.display(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )
+        })?;
+        if concurrency == 0 {
+            return Err("--concurrency must be at least 1".into());
+        }
+        let s = &m.scaling;
+        let params = Params {
+            concurrency,
+            cold_start: us(cold_start),
+            promotion: us(promotion),
+            warmup: us(warmup),
+            target_wait: us(s.target_wait),
+            min: s.min,
+            max: s.max,
+        };
+        let targets = Targets {
+            concurrency,
+            target_wait_s: s.target_wait.as_secs_f64(),
+            mean_service_s: w.mean_service_s(),
+        };
+        Ok(Setup {
+            model: model.to_string(),
+            config,
+            params,
+            targets,
+        })
+    }
+
+    fn driver(&self, p: Policy) -> Box<dyn Driver> {
+        let (min, max) = (self.params.min, self.params.max);
+        let c = self.params.concurrency;
+        let s = baselines::secs;
+        match p {
+            Policy::Hearth => Box::new(hearth::HearthDriver::new(
+                self.config.clone(),
+                &self.model,
+                true,
+            )),
+            Policy::HearthNoPool => Box::new(hearth::HearthDriver::new(
+                self.config.clone(),
+                &self.model,
+                false,
+            )),
+            Policy::HpaUtil => Box::new(BaselineDriver::new(Hpa::util(min, max), s(30), min)),
+            Policy::HpaQueue => Box::new(BaselineDriver::new(
+                Hpa::queue(min, max, self.targets.queue_depth_per_replica()),
+                s(30),
+                min.max(1),
+            )),
+            Policy::Kpa => Box::new(BaselineDriver::new(Kpa::new(min, max, c), s(300), min)),
+            Policy::Ray => Box::new(BaselineDriver::new(Ray::new(min, max), s(20), min)),
+            Policy::Cortex => Box::new(BaselineDriver::new(
+                Cortex::new(min, max, c),
+                s(60),
+                min.max(1),
+            )),
+            Policy::Fixed => Box::new(BaselineDriver::new(Fixed, s(30), min)),
+        }
+    }
+
+    /// What each baseline aims at, in its own terms (for the report).
+    pub fn target_notes(&self) -> String {
+        let c = self.params.concurrency;
+        format!(
+            "targets: hpa-util GPU utilisation {:.0} %; hpa-queue {:.2} waiting per replica \
+             (Little's law: {} slots / {:.2} s mean service × {} target wait); kpa 70 % of {} \
+             = {:.1} concurrent; ray 2 ongoing per replica; cortex {} in flight per replica",
+            baselines::hpa::UTIL_TARGET,
+            self.targets.queue_depth_per_replica(),
+            c,
+            self.targets.mean_service_s,
+            workload::fmt_secs(self.params.target_wait),
+            c,
+            0.7 * c as f64,
+            c
+        )
+    }
+}
+
+/// One policy's run.
+pub struct PolicyRun {
+    pub report: report::PolicyReport,
+    pub series: Vec<Point>,
+    /// Slot-seconds of service the replicas delivered, all run long (completed work, and the
+    /// served part of killed work).
+    pub busy_slot_seconds: f64,
+}
+
+/// Runs one policy.
+pub fn run_policy(setup: &Setup, w: &Workload, p: Policy) -> PolicyRun {
+    let mut d = setup.driver(p);
+    let out = engine::run(d.as_mut(), w, setup.params);
+    let lb = report::lower_bound(w, &setup.params);
+    PolicyRun {
+        report: report::policy_report(p.name(), &out, w, &setup.params, lb),
+        busy_slot_seconds: out.cl.busy_slot_done() as f64 / SEC as f64,
+        series: out.series,
+    }
+}
+
+/// Runs every policy on the same arrivals.
+pub fn simulate(setup: &Setup, w: &Workload, policies: &[Policy]) -> (Report, Vec<PolicyRun>) {
+    let runs: Vec<PolicyRun> = policies.iter().map(|&p| run_policy(setup, w, p)).collect();
+    let report = Report {
+        scenario: w.name.clone(),
+        requests: report::measured(w, setup.params.warmup).count() as u64,
+        lower_bound_replica_seconds: (report::lower_bound(w, &setup.params) * 10.0).round() / 10.0,
+        policies: runs.iter().map(|r| r.report.clone()).collect(),
+    };
+    (report, runs)
+}
+
+fn parse_policies(names: &[String]) -> Result<Vec<Policy>, String> {
+    if names.is_empty() {
+        return Ok(Policy::DEFAULT.to_vec());
+    }
+    let mut out = Vec::new();
+    for n in names.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let p = Policy::parse(n).ok_or_else(|| {
+            format!(
+                "unknown policy {n:?}; expected {} or fixed",
+                Policy::DEFAULT.map(|p| p.name()).join(", ")
+            )
+        })?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        return Err("--policy names no policy".into());
+    }
+    Ok(out)
+}
+
+/// Builds the workload the arguments ask for.
+pub fn load_workload(a: &SimArgs) -> Result<Workload, String> {
+    let sm = ServiceModel {
+        prefill: a.prefill_per_token.as_secs_f64(),
+        decode: a.decode_per_token.as_secs_f64(),
+    };
+    let mut w = match (&a.scenario, &a.trace) {
+        (Some(name), trace) if workload::SYNTHETIC.contains(&name.as_str()) => {
+            if trace.is_some() {
+                return Err(format!(
+                    "scenario {name} is synthetic; --trace goes with azure-conv, azure-code or \
+                     alone"
+                ));
+            }
+            workload::synthetic_workload(name, a.seed, &sm, a.speed, a.rate_mult)
+                .expect("known scenario")
+        }
+        (Some(name), trace) if workload::TRACES.iter().any(|(n, _)| n == name) => {
+            let path = workload::trace_path(name, trace.as_deref())?;
+            workload::trace_workload(&path, name, a.seed, &sm, a.speed, a.rate_mult)?
+        }
+        (Some(name), _) => {
+            return Err(format!(
+                "unknown scenario {name:?}; built in: {}",
+                workload::scenario_names().join(", ")
+            ))
+        }
+        (None, Some(path)) => {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "trace".into());
+            workload::trace_workload(path, &name, a.seed, &sm, a.speed, a.rate_mult)?
+        }
+        (None, None) => return Err("give --scenario NAME or --trace CSV".into()),
+    };
+    if let Some(d) = a.duration {
+        w.truncate(us(d));
+    }
+    Ok(w)
+}
+
+/// `hearth simulate`.
+pub fn main(a: SimArgs) -> ExitCode {
+    let usage = |msg: String| {
+        eprintln!("hearth simulate: {msg}");
+        ExitCode::from(2)
+    };
+    let policies = match parse_policies(&a.policy) {
+        Ok(p) => p,
+        Err(e) => return usage(e),
+    };
+    let config = match Config::load(&a.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hearth simulate: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let w = match load_workload(&a) {
+        Ok(w) => w,
+        Err(e) => return usage(e),
+    };
+    let setup = match Setup::new(
+        config,
+        &a.model,
+        a.concurrency,
+        a.cold_start,
+        a.promotion_delay,
+        a.warmup,
+        &w,
+    ) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let started = std::time::Instant::now();
+    let (report, runs) = simulate(&setup, &w, &policies);
+    let elapsed = started.elapsed();
+    let notes = notes(&setup, &w);
+    if let Some(path) = &a.plot {
+        let series: Vec<plot::Series> = runs
+            .iter()
+            .map(|r| plot::Series {
+                policy: &r.report.policy,
+                points: &r.series,
+            })
+            .collect();
+        let title = format!("hearth simulate — {} ({})", w.name, setup.model);
+        let svg = plot::svg(
+            &w,
+            &series,
+            setup.params.target_wait,
+            setup.params.warmup,
+            setup.params.max,
+            &title,
+            &notes,
+        );
+        if let Err(e) = std::fs::write(path, svg) {
+            eprintln!("hearth simulate: cannot write {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("a report serialises")
+        );
+        if let Some(attr) = &w.attribution {
+            eprintln!("trace: {attr}");
+        }
+    } else if a.markdown {
+        println!("### {}\n", w.name);
+        for n in &notes {
+            println!("- {n}");
+        }
+        println!(
+            "- {} requests measured; work-conserving lower bound {:.0} replica-s\n",
+            report.requests, report.lower_bound_replica_seconds
+        );
+        print!("{}", report::markdown(&report));
+    } else {
+        for n in &notes {
+            println!("{n}");
+        }
+        println!(
+            "{} requests measured; work-conserving lower bound {:.0} replica-s",
+            report.requests, report.lower_bound_replica_seconds
+        );
+        println!();
+        print!("{}", report::table(&report));
+        println!(
+            "\n(simulated {} policies in {:.2} s)",
+            runs.len(),
+            elapsed.as_secs_f64()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// The lines that say what was simulated (text output, plot footer).
+pub fn notes(setup: &Setup, w: &Workload) -> Vec<String> {
+    let p = &setup.params;
+    let m = setup.config.model(&setup.model).expect("checked");
+    let pool = match m.scaling.warm_pool {
+        WarmPool::Fixed(n) => n.to_string(),
+        WarmPool::Auto => "auto".into(),
+    };
+    let mut v = vec![
+        format!("scenario {}: {}", w.name, w.description),
+        format!(
+            "model {}: {} slots per replica, cold start {}, promotion delay {}, target wait {}, \
+             min {}, max {}, warm pool {} (hearth; 0 for hearth-nopool and the baselines); \
+             figures from {} on",
+            setup.model,
+            p.concurrency,
+            workload::fmt_secs(p.cold_start),
+            workload::fmt_secs(p.promotion),
+            workload::fmt_secs(p.target_wait),
+            p.min,
+            p.max,
+            pool,
+            workload::fmt_secs(p.warmup)
+        ),
+        setup.target_notes(),
+    ];
+    if let Some(a) = &w.attribution {
+        v.push(format!("trace: {a}"));
+    }
+    v
+}

@@ -1,0 +1,206 @@
+//! Figures per policy, the `--json` document and the text table.
+
+use serde::Serialize;
+
+use super::cluster::ReqState;
+use super::engine::{Outcome, Params};
+use super::workload::Workload;
+use super::{Us, SEC};
+
+/// One policy's figures, in `--json`'s field order.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub requests: u64,
+    /// Share of requests whose queue wait exceeded `target_wait` (0.0123 = 1.23 %).
+    pub over_target: f64,
+    pub p50_wait_ms: f64,
+    pub p99_wait_ms: f64,
+    pub max_wait_ms: f64,
+    pub replica_seconds: f64,
+    pub efficiency: f64,
+    pub scale_actions: u64,
+    pub cold_starts: u64,
+    pub killed: u64,
+}
+
+/// The `--json` document.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub scenario: String,
+    pub requests: u64,
+    pub lower_bound_replica_seconds: f64,
+    pub policies: Vec<PolicyReport>,
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+/// Requests measured: those that arrive at or after the warm-up instant.
+pub fn measured(w: &Workload, warmup: Us) -> impl Iterator<Item = &super::workload::Request> {
+    w.requests.iter().filter(move |r| r.t >= warmup)
+}
+
+/// The work-conserving lower bound: the slot-time the measured requests need, ÷ concurrency,
+/// in replica-seconds. No policy can hold fewer replicas for the same work.
+pub fn lower_bound(w: &Workload, p: &Params) -> f64 {
+    let slot_us: u64 = measured(w, p.warmup).map(|r| r.service).sum();
+    slot_us as f64 / SEC as f64 / p.concurrency as f64
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[Us], q: f64) -> Us {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+pub fn policy_report(
+    name: &str,
+    o: &Outcome,
+    w: &Workload,
+    p: &Params,
+    lower_bound: f64,
+) -> PolicyReport {
+    let mut waits: Vec<Us> = Vec::new();
+    let mut killed = 0u64;
+    for q in o.cl.reqs.iter().filter(|q| q.arrival >= p.warmup) {
+        // A request killed before it started waited until it was killed — and was not served.
+        let wait = match (q.start, q.killed) {
+            (Some(s), _) => s - q.arrival,
+            (None, Some(k)) => (k - q.arrival).max(p.target_wait + 1),
+            (None, None) => o.end.saturating_sub(q.arrival),
+        };
+        if q.state == ReqState::Killed {
+            killed += 1;
+        }
+        waits.push(wait);
+    }
+    waits.sort_unstable();
+    let n = waits.len() as u64;
+    let over = waits.iter().filter(|&&x| x > p.target_wait).count() as f64;
+    // From the warm-up instant to the end of the run: the horizon, or later if work queued
+    // before it was still being served then.
+    let (from, to) = (p.warmup, o.end.max(w.horizon).max(p.warmup));
+    let replica_us: u64 =
+        o.cl.replicas
+            .iter()
+            .map(|x| {
+                let a = x.spawned.max(from);
+                let b = x.exited.unwrap_or(o.end).min(to);
+                b.saturating_sub(a)
+            })
+            .sum();
+    let replica_seconds = replica_us as f64 / SEC as f64;
+    let ms = |us: Us| round(us as f64 / 1000.0, 1);
+    PolicyReport {
+        policy: name.to_string(),
+        requests: n,
+        over_target: if n == 0 {
+            0.0
+        } else {
+            round(over / n as f64, 6)
+        },
+        p50_wait_ms: ms(percentile(&waits, 0.50)),
+        p99_wait_ms: ms(percentile(&waits, 0.99)),
+        max_wait_ms: ms(waits.last().copied().unwrap_or(0)),
+        replica_seconds: round(replica_seconds, 1),
+        efficiency: if replica_seconds > 0.0 {
+            round(lower_bound / replica_seconds, 4)
+        } else {
+            0.0
+        },
+        scale_actions: o.scale_actions,
+        cold_starts: o.cold_starts,
+        killed,
+    }
+}
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 100_000.0 {
+        format!("{:.0} s", ms / 1000.0)
+    } else if ms >= 10_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// The text table: the same figures as `--json`.
+pub fn table(r: &Report) -> String {
+    let mut out = format!(
+        "{:<14} {:>8} {:>11} {:>10} {:>10} {:>10} {:>11} {:>10} {:>7} {:>6} {:>7}\n",
+        "POLICY",
+        "REQUESTS",
+        "OVER TARGET",
+        "P50 WAIT",
+        "P99 WAIT",
+        "MAX WAIT",
+        "REPLICA-S",
+        "EFFICIENCY",
+        "SCALES",
+        "COLD",
+        "KILLED"
+    );
+    for p in &r.policies {
+        out.push_str(&format!(
+            "{:<14} {:>8} {:>10.2}% {:>10} {:>10} {:>10} {:>11.0} {:>9.1}% {:>7} {:>6} {:>7}\n",
+            p.policy,
+            p.requests,
+            p.over_target * 100.0,
+            fmt_ms(p.p50_wait_ms),
+            fmt_ms(p.p99_wait_ms),
+            fmt_ms(p.max_wait_ms),
+            p.replica_seconds,
+            p.efficiency * 100.0,
+            p.scale_actions,
+            p.cold_starts,
+            p.killed
+        ));
+    }
+    out
+}
+
+/// The same table as Markdown (for BENCHMARKS.md).
+pub fn markdown(r: &Report) -> String {
+    let mut out = String::from(
+        "| policy | requests | over target | p50 wait | p99 wait | max wait | replica-s | \
+         efficiency | scale actions | cold starts | killed |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for p in &r.policies {
+        out.push_str(&format!(
+            "| {} | {} | {:.2} % | {} | {} | {} | {:.0} | {:.1} % | {} | {} | {} |\n",
+            p.policy,
+            p.requests,
+            p.over_target * 100.0,
+            fmt_ms(p.p50_wait_ms),
+            fmt_ms(p.p99_wait_ms),
+            fmt_ms(p.max_wait_ms),
+            p.replica_seconds,
+            p.efficiency * 100.0,
+            p.scale_actions,
+            p.cold_starts,
+            p.killed
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Us> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}

@@ -1,0 +1,256 @@
+//! The simulator against itself (determinism), against queueing theory (M/M/c waits match
+//! Erlang C; the lower bound is the busy slot-time ÷ concurrency), and against the contract of
+//! its drivers.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::baselines::{fixed::Fixed, BaselineDriver};
+use super::engine::{self, Params};
+use super::rng::Rng;
+use super::workload::{self, Request, ServiceModel, Workload};
+use super::*;
+use crate::config::Config;
+
+const SM: ServiceModel = ServiceModel {
+    prefill: 0.0002,
+    decode: 0.02,
+};
+
+fn config(min: u32, max: u32, pool: u32) -> Config {
+    let text = format!(
+        "[[model]]\nname = \"m\"\ncommand = [\"true\"]\ngpus = 0\n\
+         [model.warmup]\nurl = \"http://127.0.0.1:{{port}}/v1/completions\"\n\
+         [model.scaling]\nmin = {min}\nmax = {max}\nwarm_pool = {pool}\ntarget_wait = \"2s\"\n"
+    );
+    Config::parse(&text, Path::new("sim-test.toml")).expect("valid")
+}
+
+fn setup(cfg: Config, w: &Workload, warmup: Duration) -> Setup {
+    Setup::new(
+        cfg,
+        "m",
+        8,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        warmup,
+        w,
+    )
+    .expect("setup")
+}
+
+#[test]
+fn the_same_seed_gives_byte_identical_json_and_another_seed_does_not() {
+    let mut a = workload::synthetic_workload("burst", 42, &SM, 1.0, 1.0).unwrap();
+    a.truncate(1500 * SEC);
+    let s = setup(config(1, 16, 2), &a, Duration::from_secs(300));
+    let run = |w: &Workload| serde_json::to_string(&simulate(&s, w, &Policy::DEFAULT).0).unwrap();
+    let first = run(&a);
+    let mut b = workload::synthetic_workload("burst", 42, &SM, 1.0, 1.0).unwrap();
+    b.truncate(1500 * SEC);
+    assert_eq!(first, run(&b));
+    let mut c = workload::synthetic_workload("burst", 43, &SM, 1.0, 1.0).unwrap();
+    c.truncate(1500 * SEC);
+    assert_ne!(first, run(&c));
+    // The document has exactly the contract's fields, policies in the order asked.
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    assert_eq!(
+        keys.len(),
+        4,
+        "scenario, requests, lower_bound_replica_seconds, policies: {keys:?}"
+    );
+    let names: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "hearth",
+            "hearth-nopool",
+            "hpa-util",
+            "hpa-queue",
+            "kpa",
+            "ray",
+            "cortex"
+        ]
+    );
+    assert_eq!(v["policies"][0].as_object().unwrap().len(), 11);
+}
+
+/// Erlang C: the probability that an arrival waits in an M/M/c queue with offered load a = λ/μ.
+fn erlang_c(c: u32, a: f64) -> f64 {
+    let mut term = 1.0; // a^k / k!
+    let mut sum = 0.0;
+    for k in 0..c {
+        if k > 0 {
+            term *= a / k as f64;
+        }
+        sum += term;
+    }
+    let last = term * a / c as f64 * c as f64 / (c as f64 - a); // a^c/c! × c/(c−a)
+    last / (sum + last)
+}
+
+/// Poisson arrivals at `lambda`, exponential service with mean 1 s.
+fn mmc_workload(lambda: f64, n: usize, seed: u64) -> Workload {
+    let mut rng = Rng::new(seed);
+    let mut t = 0.0;
+    let requests: Vec<Request> = (0..n)
+        .map(|_| {
+            t += rng.exp(1.0 / lambda);
+            Request {
+                t: (t * SEC as f64) as Us,
+                service: ((rng.exp(1.0) * SEC as f64) as Us).max(1),
+            }
+        })
+        .collect();
+    let horizon = requests.last().unwrap().t + 1;
+    Workload {
+        name: "mmc".into(),
+        requests,
+        horizon,
+        description: String::new(),
+        attribution: None,
+    }
+}
+
+fn params(warmup: Us) -> Params {
+    Params {
+        concurrency: 8,
+        cold_start: 60 * SEC,
+        promotion: 0,
+        warmup,
+        target_wait: 2 * SEC,
+        min: 1,
+        max: 1,
+    }
+}
+
+#[test]
+fn mmc_waits_match_erlang_c_at_half_and_ninety_percent_load() {
+    let c = 8u32;
+    for (rho, n) in [(0.5, 400_000usize), (0.9, 400_000)] {
+        let lambda = rho * c as f64;
+        let w = mmc_workload(lambda, n, 11);
+        let warmup = 200 * SEC;
+        let mut d = BaselineDriver::new(Fixed, 0, 1);
+        let out = engine::run(&mut d, &w, params(warmup));
+        let waits: Vec<f64> = out
+            .cl
+            .reqs
+            .iter()
+            .filter(|q| q.arrival >= warmup)
+            .map(|q| (q.start.expect("served") - q.arrival) as f64 / SEC as f64)
+            .collect();
+        let m = waits.len() as f64;
+        let mean = waits.iter().sum::<f64>() / m;
+        let p_wait = waits.iter().filter(|&&x| x > 0.0).count() as f64 / m;
+        let pc = erlang_c(c, lambda);
+        let expect_mean = pc / (c as f64 - lambda); // μ = 1
+        eprintln!(
+            "M/M/{c} at ρ={rho}: P(wait) {p_wait:.4} (Erlang C {pc:.4}), mean wait {mean:.4} s \
+             (theory {expect_mean:.4} s)"
+        );
+        assert!(
+            (p_wait / pc - 1.0).abs() < 0.10,
+            "ρ={rho}: P(wait) {p_wait:.4} vs Erlang C {pc:.4}"
+        );
+        assert!(
+            (mean / expect_mean - 1.0).abs() < 0.10,
+            "ρ={rho}: mean wait {mean:.4} s vs {expect_mean:.4} s"
+        );
+    }
+}
+
+#[test]
+fn the_lower_bound_is_busy_slot_time_over_concurrency() {
+    let w = mmc_workload(6.0, 20_000, 5);
+    let s = Setup {
+        params: params(0),
+        ..setup(config(1, 1, 0), &w, Duration::ZERO)
+    };
+    let run = run_policy(&s, &w, Policy::Fixed);
+    let total_service: u64 = w.requests.iter().map(|r| r.service).sum();
+    let busy = run.busy_slot_seconds;
+    assert!((busy - total_service as f64 / SEC as f64).abs() < 1e-6);
+    let (report, _) = simulate(&s, &w, &[Policy::Fixed]);
+    let lb = report.lower_bound_replica_seconds;
+    assert!((lb - busy / 8.0).abs() < 0.06, "{lb} vs {}", busy / 8.0);
+    // One replica the whole time: efficiency = lower bound ÷ its lifetime.
+    let p = &report.policies[0];
+    assert_eq!((p.killed, p.cold_starts, p.scale_actions), (0, 0, 0));
+    assert!((p.efficiency - lb / p.replica_seconds).abs() < 1e-3);
+}
+
+#[test]
+fn hearth_runs_the_real_core_with_its_pool_and_without() {
+    let mut w = workload::synthetic_workload("step", 3, &SM, 1.0, 0.25).unwrap();
+    w.truncate(900 * SEC);
+    let s = setup(config(2, 10, 2), &w, Duration::from_secs(300));
+    let (report, runs) = simulate(&s, &w, &[Policy::Hearth, Policy::HearthNoPool]);
+    let span = (runs[0].series.len() as f64).min(900.0) - 300.0;
+    let (pool, nopool) = (&report.policies[0], &report.policies[1]);
+    // Today's core keeps `min` routed (and hearth its pool warm) and never kills a request.
+    assert_eq!(pool.killed, 0);
+    assert_eq!(nopool.killed, 0);
+    assert!(pool.replica_seconds >= 4.0 * span - 1.0, "{pool:?}");
+    assert!(nopool.replica_seconds >= 2.0 * span - 1.0, "{nopool:?}");
+    assert!(nopool.replica_seconds < pool.replica_seconds);
+    // The initial fleet was routed at once: the pool (warm, unrouted) takes no traffic.
+    let routable = runs[0].series[10].routable;
+    assert_eq!(routable, 2);
+    assert_eq!(runs[0].series[10].holding, 4);
+}
+
+#[test]
+fn baselines_scale_up_under_a_step_and_start_from_min() {
+    let mut w = workload::synthetic_workload("step", 3, &SM, 1.0, 1.0).unwrap();
+    w.truncate(1800 * SEC);
+    let s = setup(config(1, 16, 0), &w, Duration::from_secs(300));
+    let policies = [
+        Policy::HpaUtil,
+        Policy::HpaQueue,
+        Policy::Kpa,
+        Policy::Ray,
+        Policy::Cortex,
+    ];
+    let (report, runs) = simulate(&s, &w, &policies);
+    for (p, run) in report.policies.iter().zip(&runs) {
+        assert_eq!(run.series[0].routable, 1, "{}: starts from min", p.policy);
+        let peak = run.series.iter().map(|x| x.holding).max().unwrap();
+        assert!(peak >= 8, "{}: peak {peak}", p.policy);
+        assert!(peak <= 16 + 16, "{}: never far past max", p.policy);
+        assert!(p.cold_starts > 0 && p.scale_actions > 0, "{p:?}");
+    }
+}
+
+/// One hour of the conversation trace with every policy: timed (printed), with a generous
+/// bound so a debug build passes too. Skipped when the trace is not at hand.
+#[test]
+fn an_hour_of_the_conv_trace_with_all_policies_is_quick() {
+    let dir = std::env::var_os("HEARTH_TRACE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
+    let path = dir.join("azure-llm-2023-conv.csv");
+    if !path.exists() {
+        eprintln!("skipped: {} not found", path.display());
+        return;
+    }
+    let started = Instant::now();
+    let w = workload::trace_workload(&path, "azure-conv", 1, &SM, 1.0, 1.0).unwrap();
+    let s = setup(config(1, 16, 2), &w, Duration::from_secs(300));
+    let (report, _) = simulate(&s, &w, &Policy::DEFAULT);
+    let took = started.elapsed();
+    eprintln!(
+        "azure-conv, {} requests, 7 policies: {:.2} s",
+        w.requests.len(),
+        took.as_secs_f64()
+    );
+    assert_eq!(report.policies.len(), 7);
+    let limit = if cfg!(debug_assertions) { 120.0 } else { 10.0 };
+    assert!(took.as_secs_f64() < limit, "{took:?}");
+}

@@ -1,0 +1,168 @@
+//! `hearth simulate` as users run it: the built binary, its exit codes, and reproducible JSON.
+
+use std::process::Command;
+
+const CONFIG: &str = r#"
+[[model]]
+name = "llm"
+command = ["true"]
+gpus = 0
+[model.warmup]
+url = "http://127.0.0.1:{port}/v1/completions"
+[model.scaling]
+min = 1
+max = 12
+warm_pool = 1
+target_wait = "2s"
+"#;
+
+fn hearth(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env_remove("HEARTH_TRACE_DIR")
+        .output()
+        .expect("hearth runs")
+}
+
+#[test]
+fn the_same_seed_prints_byte_identical_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("sim.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let args = [
+        "simulate",
+        "--config",
+        cfg,
+        "--model",
+        "llm",
+        "--scenario",
+        "flash-crowd",
+        "--duration",
+        "30m",
+        "--seed",
+        "7",
+        "--json",
+    ];
+    let a = hearth(&args);
+    let b = hearth(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(a.stdout, b.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    assert_eq!(v["scenario"], "flash-crowd");
+    assert_eq!(v["policies"].as_array().unwrap().len(), 7);
+
+    // --policy names exactly what is printed, in that order; the text table and a plot too.
+    let svg = dir.path().join("p.svg");
+    let out = hearth(&[
+        "simulate",
+        "--config",
+        cfg,
+        "--model",
+        "llm",
+        "--scenario",
+        "step",
+        "--duration",
+        "10m",
+        "--policy",
+        "kpa,hearth",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("POLICY"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(rows, ["kpa", "hearth"]);
+    let plot = std::fs::read_to_string(svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("requests / s") && plot.contains("kpa"));
+}
+
+#[test]
+fn usage_errors_exit_2_and_config_errors_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("sim.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let base = ["simulate", "--config", cfg, "--model", "llm"];
+    let run = |extra: &[&str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        hearth(&v)
+    };
+    let out = run(&["--scenario", "step", "--policy", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["--scenario", "azure-conv"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
+    let out = run(&["--scenario", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = hearth(&[
+        "simulate",
+        "--config",
+        cfg,
+        "--model",
+        "other",
+        "--scenario",
+        "step",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = hearth(&[
+        "simulate",
+        "--config",
+        "/nonexistent.toml",
+        "--model",
+        "llm",
+        "--scenario",
+        "step",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn a_plain_trace_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("sim.toml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let trace = dir.path().join("t.csv");
+    let body: String = (0..3000)
+        .map(|i| format!("{},2.5\n", i as f64 * 0.4))
+        .collect();
+    std::fs::write(&trace, format!("t_seconds,service_s\n{body}")).unwrap();
+    let out = hearth(&[
+        "simulate",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--model",
+        "llm",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--warmup",
+        "1m",
+        "--policy",
+        "fixed,cortex",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["scenario"], "t");
+    // 2.5 req/s × 2.5 s = 6.25 busy slots of 8 on one replica: nobody waits long.
+    let fixed = &v["policies"][0];
+    assert_eq!(fixed["policy"], "fixed");
+    assert_eq!(fixed["requests"], 3000 - 150);
+    let lb = v["lower_bound_replica_seconds"].as_f64().unwrap();
+    assert!((lb - 2850.0 * 2.5 / 8.0).abs() < 0.1, "{lb}");
+}
