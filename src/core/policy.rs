@@ -21,12 +21,16 @@ const SMOOTHING: Duration = Duration::from_millis(500);
 const DAMPING: f64 = 0.5;
 /// After a scale-up, the next one waits this long, so the new capacity can show in the queue.
 const UP_SETTLE: Duration = Duration::from_secs(2);
+/// Scale-up sizes the fleet to run this busy at the measured arrival rate.
+const SIZING_UTILISATION: f64 = 0.85;
 /// Removing a replica must leave the rest at most this busy (by Little's law on measured rates).
 const DOWN_UTILISATION: f64 = 0.75;
 /// How far back the queue's trend is read.
 const TREND_SPAN: Duration = Duration::from_secs(2);
 /// Per-replica throughput is remembered with this weight per new estimate.
 const MU_WEIGHT: f64 = 0.3;
+/// Cold starts remembered for time-to-ready.
+const READY_TIMES: usize = 8;
 /// How long a peak of arrival-rate growth counts when sizing the automatic pool.
 const GROWTH_MEMORY: Duration = Duration::from_secs(3600);
 /// Growth of the arrival rate is measured over this span.
@@ -67,6 +71,7 @@ pub struct Autoscaler {
     /// Peak growth of the arrival rate (requests/s per second) and when it was seen.
     peak_growth: Option<(Time, f64)>,
     time_to_ready: Option<Duration>,
+    ready_times: VecDeque<Duration>,
     /// The model has shown no work since.
     idle_since: Option<Time>,
 }
@@ -98,10 +103,12 @@ pub struct Decision {
 impl Autoscaler {
     /// A cold start finished after `d` (spawn → warm).
     pub fn observe_time_to_ready(&mut self, d: Duration) {
-        self.time_to_ready = Some(match self.time_to_ready {
-            Some(old) => old.mul_f64(0.7) + d.mul_f64(0.3),
-            None => d,
-        });
+        self.ready_times.push_back(d);
+        if self.ready_times.len() > READY_TIMES {
+            self.ready_times.pop_front();
+        }
+        // Planning wants the slow case: the longest of the recent cold starts.
+        self.time_to_ready = self.ready_times.iter().max().copied();
     }
 
     /// The warm pool `warm_pool = "auto"` asks for: enough to absorb the steepest recent growth
@@ -271,17 +278,16 @@ impl Autoscaler {
             }
         }
         let ratio = wait / target_ms;
-        let base = inp.routed.max(1) as f64;
-        let by_wait = (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32;
-        // Little's law: enough replicas to serve the arrival rate and to drain the backlog
-        // within the target.
-        let by_rate = match (sig.arrival_rate, self.mu) {
-            (Some(lambda), Some(mu)) if mu > 0.0 => {
-                Some(((lambda + sig.queue_depth as f64 / target_s) / mu).ceil() as u32)
-            }
-            _ => None,
-        };
-        let want = by_wait.max(by_rate.unwrap_or(0));
+        // The wait law acts only when all the capacity asked for is serving: while cold
+        // replicas are on their way the wait keeps growing for want of exactly them, and reading
+        // that again would order the same capacity twice.
+        let on_the_way = desired.saturating_sub(inp.routed);
+        let by_wait = (on_the_way == 0).then(|| {
+            let base = inp.routed.max(1) as f64;
+            (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32
+        });
+        let by_rate = self.littles_floor(inp, sig);
+        let want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
         let capped = want.min(desired + inp.scaling.max_up_step).min(inp.max);
         if capped <= desired {
             return None;
@@ -292,7 +298,7 @@ impl Autoscaler {
             wait, target_ms, ratio
         );
         if let Some(n) = by_rate {
-            reason.push_str(&format!("; arrivals and backlog need {n}"));
+            reason.push_str(&format!("; arrivals and backlog need {n} (Little's law)"));
         }
         if capped < want {
             reason.push_str(&format!(
@@ -301,6 +307,21 @@ impl Autoscaler {
             ));
         }
         Some(Decision { to: capped, reason })
+    }
+
+    /// Little's law: the replicas that serve the arrival rate at `SIZING_UTILISATION`, plus
+    /// those that drain the backlog — as it will stand when new capacity is ready (it grows
+    /// while the routed replicas fall short) — within one time-to-ready after that.
+    fn littles_floor(&self, inp: &Inputs, sig: &ModelSignal) -> Option<u32> {
+        let (lambda, mu) = (sig.arrival_rate?, self.mu?);
+        if mu <= 0.0 {
+            return None;
+        }
+        let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
+        let horizon = ttr.max(inp.scaling.target_wait.as_secs_f64());
+        let shortfall = (lambda - inp.routed as f64 * mu).max(0.0);
+        let backlog = sig.queue_depth as f64 + shortfall * ttr;
+        Some(((lambda + backlog / horizon) / (mu * SIZING_UTILISATION)).ceil() as u32)
     }
 
     /// Seconds until the queue empties at its current rate of decline, if it is declining.

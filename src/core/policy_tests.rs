@@ -101,15 +101,21 @@ fn the_report_over_target_promotes_the_warm_replica_in_the_same_event_and_starts
 }
 
 #[test]
-fn a_burst_is_capped_per_step_and_steps_follow_while_the_wait_stays_high() {
+fn a_burst_is_capped_per_step_and_steps_follow_once_the_ordered_capacity_serves() {
     let mut h = scaled(&DEFAULT.replace("max = 10", "max = 20"));
     let out = every_routed(&mut h, 20_000.0, 200, 216);
     assert_eq!(scale_events(&out), vec![(2, 6)], "+4 at most per step");
     // Within the settle time no second step, however high the wait.
     h.now = h.now + Duration::from_secs(1);
     assert!(scale_events(&every_routed(&mut h, 21_000.0, 220, 236)).is_empty());
+    // Cold replicas are on their way: the wait grows for want of exactly them; no new order.
     h.now = h.now + Duration::from_millis(1500);
-    let out = every_routed(&mut h, 22_000.0, 240, 256);
+    assert!(scale_events(&every_routed(&mut h, 22_000.0, 240, 256)).is_empty());
+    // Once they serve and the wait is still high, the law steps again.
+    bring_up(&mut h, out);
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 6);
+    h.now = h.now + Duration::from_millis(500);
+    let out = every_routed(&mut h, 23_000.0, 240, 256);
     assert_eq!(scale_events(&out), vec![(6, 10)]);
 }
 
@@ -138,8 +144,10 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
         h.now = h.now + Duration::from_secs(1);
     }
     assert_eq!(desired(&h), 2, "100 ms < target: no scale-up yet");
-    // Now the wait is just over target (×1.2: the wait law alone says 3) while 40/s arrive and
-    // 10 wait: Little says (40 + 10/0.5) / 4 = 15.
+    // Now the wait is just over target (×1.2: the wait law alone says 3). The first replica's
+    // report acts: its counters give 80 arrivals in 4 s, the other's 60 in 3 s, so 35/s over the
+    // 4 s span; 10 wait; replicas warmed instantly here, so the backlog is drained within the
+    // target: Little says (35 + 10/0.5) / (4 × 0.85) = 16.2 → 17.
     let before = h.log.len();
     for (i, id) in routed.iter().enumerate() {
         let r = Report {
@@ -154,7 +162,7 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
         h.request(Peer::trusted(), Request::Report(r));
     }
     let ev = scale_events(&h.log[before..]);
-    assert_eq!(ev, vec![(2, 15)], "{ev:?}");
+    assert_eq!(ev, vec![(2, 17)], "{ev:?}");
 }
 
 #[test]

@@ -9,6 +9,9 @@ use crate::protocol::Report;
 
 /// How far back counters are kept to estimate rates.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// An arrival rate needs counters this far apart: shorter spans read sub-second clumps of a
+/// bursty trace as sustained load.
+const MIN_RATE_SPAN: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -69,7 +72,20 @@ impl ReplicaSignal {
 
     /// Arrivals per second over the window.
     pub fn arrival_rate(&self) -> Option<f64> {
-        counter_rate(&self.history, |s| s.arrived)
+        let (n, from, to) = self.arrivals()?;
+        let secs = to.since(from).as_secs_f64();
+        (secs >= MIN_RATE_SPAN.as_secs_f64()).then(|| n as f64 / secs)
+    }
+
+    /// Arrivals counted over the window: how many, from when, to when.
+    fn arrivals(&self) -> Option<(u64, Time, Time)> {
+        let first = self.history.iter().find(|s| s.arrived.is_some())?;
+        let last = self.history.iter().rev().find(|s| s.arrived.is_some())?;
+        Some((
+            last.arrived?.saturating_sub(first.arrived?),
+            first.at,
+            last.at,
+        ))
     }
 
     /// Completions per second while saturated (a queue at both ends of an interval): what one
@@ -89,16 +105,6 @@ impl ReplicaSignal {
         }
         (secs >= 0.5 && done > 0).then(|| done as f64 / secs)
     }
-}
-
-fn counter_rate(h: &VecDeque<Sample>, f: impl Fn(&Sample) -> Option<u64>) -> Option<f64> {
-    let first = h.iter().find(|s| f(s).is_some())?;
-    let last = h.iter().rev().find(|s| f(s).is_some())?;
-    let secs = last.at.since(first.at).as_secs_f64();
-    if secs < 0.5 {
-        return None;
-    }
-    Some(f(last)?.saturating_sub(f(first)?) as f64 / secs)
 }
 
 /// The model's signal now: a fresh model-wide report wins; otherwise the max oldest wait and the
@@ -134,6 +140,9 @@ impl ModelSignal {
             });
         }
         let mut out: Option<ModelSignal> = None;
+        // Arrivals add up as counts over one span, not as rates: a replica routed a second ago
+        // saw a second's worth of the model's arrivals, not a second's worth of the rate.
+        let mut arrived: Option<(u64, Time, Time)> = None;
         for sig in routed {
             let Some(s) = sig.fresh(now, stale_after) else {
                 continue;
@@ -147,8 +156,15 @@ impl ModelSignal {
             o.queue_depth += s.queue_depth;
             o.in_flight += s.in_flight;
             o.sources += 1;
-            if let Some(r) = sig.arrival_rate() {
-                *o.arrival_rate.get_or_insert(0.0) += r;
+            if let Some((n, from, to)) = sig.arrivals() {
+                let a = arrived.get_or_insert((0, from, to));
+                *a = (a.0 + n, a.1.min(from), a.2.max(to));
+            }
+        }
+        if let (Some(o), Some((n, from, to))) = (out.as_mut(), arrived) {
+            let secs = to.since(from).as_secs_f64();
+            if secs >= MIN_RATE_SPAN.as_secs_f64() {
+                o.arrival_rate = Some(n as f64 / secs);
             }
         }
         out
@@ -194,7 +210,37 @@ mod tests {
         sig.record(s(0, 0.0, 0, 500, 500));
         sig.record(s(1000, 0.0, 0, 3, 3));
         sig.record(s(2000, 0.0, 0, 5, 5));
+        assert_eq!(
+            sig.arrival_rate(),
+            None,
+            "one second of history is too short"
+        );
+        sig.record(s(3000, 0.0, 0, 7, 7));
         assert_eq!(sig.arrival_rate(), Some(2.0));
+    }
+
+    #[test]
+    fn arrivals_add_up_as_counts_across_replicas_that_joined_at_different_times() {
+        let mut old = ReplicaSignal::default();
+        let mut new = ReplicaSignal::default();
+        for t in 0..=10u64 {
+            old.record(s(t * 1000, 0.0, 0, 10 * t, 0));
+        }
+        // Routed at 9 s: it took 10 arrivals in its one second.
+        new.record(s(9000, 0.0, 0, 0, 0));
+        new.record(s(10_000, 0.0, 0, 10, 0));
+        let m = ModelSignal::combine(
+            &ReplicaSignal::default(),
+            [&old, &new].into_iter(),
+            Time::from_millis(10_000),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            m.arrival_rate,
+            Some(11.0),
+            "110 arrivals in 10 s, not 10/s + 10/s"
+        );
     }
 
     #[test]
