@@ -448,8 +448,8 @@ impl Reload<'_> {
             );
             *self.tick = ticker(cfg.daemon.tick);
         }
-        if let Some(msg) = self.log.set_level(&cfg.daemon.log_level) {
-            tracing::info!("{what}: {msg}");
+        if let Some(warning) = self.log.set_level(&cfg.daemon.log_level) {
+            tracing::warn!("{what}: {warning}");
         }
         self.access.set_config(cfg.access.clone());
         Ok(cfg)

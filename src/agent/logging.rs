@@ -33,8 +33,8 @@ pub struct LogControl {
 }
 
 impl LogControl {
-    /// Applies `daemon.log_level` from a reloaded configuration. Returns what happened, in
-    /// words, or None when nothing changed.
+    /// Applies `daemon.log_level` from a reloaded configuration. Says what it did in the log;
+    /// returns a warning when the level could not be applied.
     pub fn set_level(&mut self, level: &str) -> Option<String> {
         if level == self.current {
             return None;
@@ -50,10 +50,12 @@ impl LogControl {
             Ok(f) => f,
             Err(e) => return Some(format!("daemon.log_level = {level:?} not applied: {e}")),
         };
+        // Said before the change: a quieter level would hide the line that announces it.
+        tracing::info!("log level {:?} → {level:?}", self.current);
         match handle.reload(filter) {
             Ok(()) => {
-                let was = std::mem::replace(&mut self.current, level.to_string());
-                Some(format!("log level {was:?} → {level:?}"))
+                self.current = level.to_string();
+                None
             }
             Err(e) => Some(format!("daemon.log_level = {level:?} not applied: {e}")),
         }

@@ -172,6 +172,8 @@ pub struct Opts {
     pub metrics: Option<u16>,
     /// `[gpus] backend = "static"` with these (uuid, memory); `auto` with none when empty.
     pub static_gpus: Vec<(String, String)>,
+    /// `daemon.log_level`; when set, the daemon starts without RUST_LOG so that it applies.
+    pub log_level: Option<String>,
     pub models: Vec<Toy>,
 }
 
@@ -182,6 +184,7 @@ impl Opts {
             shutdown_timeout: "15s".into(),
             metrics: None,
             static_gpus: Vec::new(),
+            log_level: None,
             models,
         }
     }
@@ -202,6 +205,9 @@ pub fn config_text(dir: &Path, ports: (u16, u16), opts: &Opts) -> String {
     );
     if let Some(p) = opts.metrics {
         s.push_str(&format!("metrics = \"127.0.0.1:{p}\"\n"));
+    }
+    if let Some(level) = &opts.log_level {
+        s.push_str(&format!("log_level = {}\n", q(level)));
     }
     if opts.static_gpus.is_empty() {
         s.push_str("\n[gpus]\nbackend = \"auto\"\n\n");
@@ -488,13 +494,16 @@ impl Daemon {
         argv.extend([HEARTH, "daemon", "--config"].map(String::from));
         argv.push(config_path.display().to_string());
         let mut cmd = Command::new(&argv[0]);
+        if opts.log_level.is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
         cmd.args(&argv[1..])
             .env_remove("HEARTH_SOCKET")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
             .env_remove("JOURNAL_STREAM")
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG")
             .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
