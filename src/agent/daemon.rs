@@ -259,8 +259,9 @@ impl Daemon {
                     if !stopping {
                         stopping = true;
                         hard_deadline = Some(tokio::time::Instant::now() + node.config().daemon.shutdown_timeout + Duration::from_secs(5));
-                        // Before the drain starts: systemd shows "deactivating" and does not
-                        // count the drain against the watchdog or as a failure.
+                        // Before the drain starts, so that systemd shows the unit as
+                        // deactivating for the whole drain, also when the stop came from
+                        // someone's `kill` rather than from `systemctl stop`.
                         notifier.stopping("stopping: draining and stopping every replica");
                     }
                     ShellMsg::Event(Event::Shutdown { immediate })
@@ -300,6 +301,11 @@ impl Daemon {
                             ErrorCode::Forbidden,
                             "op \"reload\" needs the admin role",
                         );
+                        let _ = reply.send((f.to_value(), fx.seq));
+                        continue;
+                    }
+                    if stopping {
+                        let f = Failure::new(ErrorCode::Busy, "shutting down: not reloading");
                         let _ = reply.send((f.to_value(), fx.seq));
                         continue;
                     }
@@ -353,6 +359,12 @@ impl Daemon {
                     fx.begin(now, None);
                     node.handle(Event::Request { id, peer, request }, now)
                 }
+                // A reload during the drain would start replicas only to stop them, and its
+                // READY=1 would contradict STOPPING=1.
+                ShellMsg::ReloadSignal if stopping => {
+                    tracing::warn!("SIGHUP ignored: shutting down");
+                    continue;
+                }
                 ShellMsg::ReloadSignal => {
                     fx.begin(now, None);
                     let mut reload = Reload {
@@ -380,7 +392,8 @@ impl Daemon {
             };
             fx.apply(actions);
             // The status line follows what changed (a replica's state, the routed set, a
-            // scale decision, a GPU), not the clock: reports and ticks alone never rebuild it.
+            // scale decision, a GPU), not the clock: an event that published nothing, like most
+            // reports and ticks, does not rebuild it, and an unchanged line is not resent.
             if fx.changed && notifier.enabled() {
                 notifier.status(&status_line(&node.status(None, now), &gpu_kind, stopping));
             }
