@@ -753,3 +753,69 @@ fn log(
         LogLevel::Error => tracing::error!(model, replica, gpu, "{message}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{GpuView, ModelView};
+
+    fn model(name: &str, counts: [u32; 5], health: &str, rollout: Option<&str>) -> ModelView {
+        let [routed, warm, starting, pending, draining] = counts;
+        let mut m: ModelView = serde_json::from_value(serde_json::json!({
+            "name": name, "version": "1", "health": health, "routed": routed, "warm": warm,
+            "starting": starting, "pending": pending, "draining": draining,
+            "desired_routed": routed, "min": 1, "max": 8, "warm_pool": 1,
+            "target_wait_ms": 500, "signal": {}, "last_scale": null, "replicas": []
+        }))
+        .unwrap();
+        m.rollout = rollout.map(str::to_string);
+        m
+    }
+
+    fn gpu(uuid: &str, healthy: bool) -> GpuView {
+        GpuView {
+            index: 0,
+            uuid: uuid.into(),
+            name: "static device".into(),
+            memory_total: 1,
+            memory_reserved: 0,
+            healthy,
+            cordoned: false,
+            replicas: vec![],
+        }
+    }
+
+    #[test]
+    fn the_status_line_sums_models_and_names_the_ones_in_trouble() {
+        let st = StatusView {
+            models: vec![
+                model("a", [3, 1, 1, 0, 0], "ok", None),
+                model("b", [2, 1, 0, 1, 1], "crash_loop", None),
+                model(
+                    "c",
+                    [0, 0, 0, 0, 0],
+                    "ok",
+                    Some("rollout of version 2 halted after 3 replicas failed to warm up"),
+                ),
+            ],
+            gpus: vec![gpu("GPU-0", true), gpu("GPU-1", false)],
+        };
+        assert_eq!(
+            status_line(&st, "nvml", false),
+            "3 models: 5 routed, 2 warm, 1 starting, 1 pending, 1 draining; crash_loop: b; \
+             rollout halted: c; GPUs: nvml 2 (1 unhealthy)"
+        );
+        assert_eq!(
+            status_line(&st, "nvml", true),
+            "stopping: 10 replica(s) left"
+        );
+        let one = StatusView {
+            models: vec![model("a", [2, 1, 0, 0, 0], "ok", None)],
+            gpus: vec![],
+        };
+        assert_eq!(
+            status_line(&one, "static", false),
+            "1 model: 2 routed, 1 warm, 0 starting; GPUs: none"
+        );
+    }
+}

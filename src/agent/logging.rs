@@ -77,7 +77,7 @@ pub fn init(default_level: &str) -> LogControl {
     if stderr_is_journal() {
         if let Ok(journald) = tracing_journald::layer() {
             // No "F_" prefix: `model` becomes MODEL, not F_MODEL. The fields hearth logs
-            // (model, replica, gpu, stream, port, replica_pid) clash with none of journald's
+            // (model, replica, gpu, stream, port, pid) clash with none of journald's
             // own (those that matter start with "_", and MESSAGE, PRIORITY, TARGET and CODE_*
             // are set by the layer).
             let journald = journald
