@@ -7,7 +7,7 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use hearth::agent::{control, daemon::Daemon, inventory, logging};
+use hearth::agent::{control, daemon::Daemon, inventory, logging, metrics, notify::Notifier};
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::Config;
 
@@ -57,7 +57,7 @@ fn daemon(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    logging::init(&config.daemon.log_level);
+    let log = logging::init(&config.daemon.log_level);
     let inventory = match inventory::open(&config.gpus) {
         Ok(i) => i,
         Err(e) => {
@@ -68,6 +68,11 @@ fn daemon(path: &Path) -> ExitCode {
     };
     let rt = runtime();
     let result = rt.block_on(async move {
+        // The metrics port first: if it is taken, nothing was created yet (no socket file).
+        let metrics_listener = match config.daemon.metrics {
+            Some(addr) => Some(metrics::bind(addr).await?),
+            None => None,
+        };
         let listener = control::bind(&config.daemon.socket)?;
         tracing::info!("listening on {}", config.daemon.socket.display());
         let (stop_tx, stop_rx) = mpsc::channel(4);
@@ -90,6 +95,9 @@ fn daemon(path: &Path) -> ExitCode {
             }
         });
         // SIGHUP is systemd's ExecReload: re-read the configuration, keep the old one on error.
+        // The handler only forwards it to the event loop, which owns the core and announces the
+        // reload to systemd (RELOADING=1, then READY=1 once applied or refused). Installing it
+        // here, before READY=1, means a reload cannot arrive while SIGHUP still kills us.
         let mut hup = signal(SignalKind::hangup())?;
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
@@ -102,8 +110,12 @@ fn daemon(path: &Path) -> ExitCode {
             config_path: path.to_path_buf(),
             config,
             inventory,
+            notifier: Notifier::from_env(),
+            log,
         };
-        daemon.run(listener, stop_rx, hup_rx).await
+        daemon
+            .run(listener, metrics_listener, stop_rx, hup_rx)
+            .await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

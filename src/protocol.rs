@@ -257,6 +257,10 @@ pub struct ModelView {
     /// spawn → warm of the latest cold start, when measured
     #[serde(default)]
     pub time_to_ready_ms: Option<u64>,
+    /// Replicas that failed (exited, failed a probe, never warmed) since the daemon started,
+    /// each replaced after its back-off; `hearth_replica_restarts_total` in the metrics.
+    #[serde(default)]
+    pub restarts_total: u64,
     pub replicas: Vec<ReplicaView>,
 }
 

@@ -8,9 +8,10 @@ use crate::config::{AccessConfig, Principal};
 use crate::core::Peer;
 use crate::protocol::Role;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Access {
-    config: AccessConfig,
+    /// Replaced by a reload; read by every new connection.
+    config: std::sync::RwLock<AccessConfig>,
     /// The daemon's own user: it owns the socket and could do anything anyway.
     own_uid: u32,
 }
@@ -18,9 +19,14 @@ pub struct Access {
 impl Access {
     pub fn new(config: AccessConfig) -> Access {
         Access {
-            config,
+            config: std::sync::RwLock::new(config),
             own_uid: Uid::effective().as_raw(),
         }
+    }
+
+    /// A reloaded `[access]`: connections made from now on are judged by it.
+    pub fn set_config(&self, config: AccessConfig) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
     }
 
     /// Resolves a connecting process to a `Peer`. Reads the user and group databases.
@@ -57,11 +63,12 @@ impl Access {
                 Principal::Group(g) => groups.iter().any(|x| x == g),
             })
         };
-        if matches(&self.config.admins) {
+        let config = self.config.read().unwrap_or_else(|e| e.into_inner());
+        if matches(&config.admins) {
             Role::Admin
-        } else if matches(&self.config.reporters) {
+        } else if matches(&config.reporters) {
             Role::Reporter
-        } else if matches(&self.config.readers) {
+        } else if matches(&config.readers) {
             Role::Reader
         } else {
             Role::None

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,11 +15,14 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::control::{self, Control};
 use super::inventory::Inventory;
+use super::logging::LogControl;
+use super::metrics::{self, ReadyPath, Recorder};
+use super::notify::Notifier;
 use super::supervisor::Supervisor;
 use super::{probe, scrape, state};
-use crate::config::Config;
+use crate::config::{Config, DaemonConfig, GpusConfig};
 use crate::core::{Action, Event, LogLevel, Node, Peer, Time};
-use crate::protocol::{ErrorCode, Failure, Request, WatchEvent};
+use crate::protocol::{ErrorCode, Failure, Request, StatusView, WatchEvent};
 
 /// Messages to the core's task.
 pub enum ShellMsg {
@@ -32,6 +35,10 @@ pub enum ShellMsg {
     },
     /// SIGHUP: re-read the configuration file.
     ReloadSignal,
+    /// A metrics scrape: the status as the core sees it now.
+    Snapshot {
+        reply: oneshot::Sender<StatusView>,
+    },
 }
 
 /// A watch event as broadcast to watchers, numbered so a watch can skip what its snapshot holds.
@@ -69,18 +76,80 @@ pub struct Daemon {
     pub config: Config,
     pub config_path: PathBuf,
     pub inventory: Box<dyn Inventory>,
+    /// sd_notify: readiness, reloads, stopping, status line, watchdog.
+    pub notifier: Notifier,
+    /// The log filter, changed by reloads.
+    pub log: LogControl,
 }
 
 /// Capacity of the queue into the core's task: a flood of reports waits here rather than
 /// growing memory without bound.
 const INBOX: usize = 8192;
 
+/// What a reload may not change without a restart: the socket and the metrics listener are
+/// bound, the state directory was read, the inventory was opened at start.
+struct Fixed {
+    daemon: DaemonConfig,
+    gpus: GpusConfig,
+}
+
+impl Fixed {
+    /// Keeps the running values of what cannot change live in `cfg`, so the core goes on
+    /// telling replicas the socket that really listens; returns a warning for each that changed.
+    fn pin(&self, cfg: &mut Config) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let d = &mut cfg.daemon;
+        let mut check = |key: &str, changed: bool, was: String, now: String| {
+            if changed {
+                warnings.push(format!(
+                    "{key} changed from {was} to {now}: not applied, takes a restart (systemctl restart hearth)"
+                ));
+            }
+        };
+        check(
+            "daemon.socket",
+            d.socket != self.daemon.socket,
+            format!("{:?}", self.daemon.socket),
+            format!("{:?}", d.socket),
+        );
+        check(
+            "daemon.metrics",
+            d.metrics != self.daemon.metrics,
+            opt_addr(self.daemon.metrics),
+            opt_addr(d.metrics),
+        );
+        check(
+            "daemon.state_dir",
+            d.state_dir != self.daemon.state_dir,
+            format!("{:?}", self.daemon.state_dir),
+            format!("{:?}", d.state_dir),
+        );
+        check(
+            "[gpus]",
+            cfg.gpus != self.gpus,
+            "the running inventory".into(),
+            "another".into(),
+        );
+        let d = &mut cfg.daemon;
+        d.socket = self.daemon.socket.clone();
+        d.metrics = self.daemon.metrics;
+        d.state_dir = self.daemon.state_dir.clone();
+        cfg.gpus = self.gpus.clone();
+        warnings
+    }
+}
+
+fn opt_addr(a: Option<std::net::SocketAddr>) -> String {
+    a.map_or_else(|| "none".to_string(), |a| a.to_string())
+}
+
 impl Daemon {
     /// Runs until every replica is gone after `stop` (SIGTERM/SIGINT) asked for a shutdown. The
-    /// caller owns the listener and the stop channel, so tests can drive both.
+    /// caller owns the listeners and the stop channel, so tests can drive both.
     pub async fn run(
         self,
         listener: UnixListener,
+        metrics_listener: Option<TcpListener>,
         mut stop: mpsc::Receiver<bool>,
         mut hup: mpsc::Receiver<()>,
     ) -> anyhow::Result<()> {
@@ -88,6 +157,8 @@ impl Daemon {
             config,
             config_path,
             mut inventory,
+            mut notifier,
+            mut log,
         } = self;
         let clock = Clock::new();
         let (tx, mut rx) = mpsc::channel::<ShellMsg>(INBOX);
@@ -96,17 +167,25 @@ impl Daemon {
         let tracker = TaskTracker::new();
         let socket_path = config.daemon.socket.clone();
         let state_dir = config.daemon.state_dir.clone();
+        let fixed = Fixed {
+            daemon: config.daemon.clone(),
+            gpus: config.gpus.clone(),
+        };
 
-        tracing::info!("GPU inventory: {}", inventory.describe());
+        let gpu_source = inventory.describe();
+        tracing::info!("GPU inventory: {gpu_source}");
+        // "nvml: 8 device(s), driver …" → "nvml", for the one-line status.
+        let gpu_kind = gpu_source.split(':').next().unwrap_or("gpus").to_string();
         let overrides = state::load(&state_dir);
         let mut node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
         let supervisor = Supervisor::start(tx.clone());
         let probes = probe::client();
+        let access = Arc::new(Access::new(config.access.clone()));
         let control = Control {
             to_core: tx.clone(),
             published: published.clone(),
-            access: Arc::new(Access::new(config.access.clone())),
+            access: access.clone(),
         };
         tracker.spawn(control::serve(
             listener,
@@ -114,6 +193,19 @@ impl Daemon {
             shutdown.clone(),
             tracker.clone(),
         ));
+        let recorder = Arc::new(Recorder::new());
+        if let Some(l) = metrics_listener {
+            if let Ok(addr) = l.local_addr() {
+                tracing::info!("metrics at http://{addr}/metrics");
+            }
+            tracker.spawn(metrics::serve(
+                l,
+                recorder.clone(),
+                tx.clone(),
+                shutdown.clone(),
+                tracker.clone(),
+            ));
+        }
 
         let mut fx = Effects {
             supervisor,
@@ -126,13 +218,39 @@ impl Daemon {
             state_dir,
             done: false,
             tracker: tracker.clone(),
+            recorder,
+            reports: HashMap::new(),
+            replicas: HashMap::new(),
+            call: 0,
+            now: clock.now(),
+            started: Instant::now(),
+            gpu: None,
+            changed: false,
         };
-        let mut tick = tokio::time::interval(config.daemon.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = ticker(config.daemon.tick);
         let mut stopping = false;
         let mut hard_deadline: Option<tokio::time::Instant> = None;
         let first = node.handle(Event::Tick, clock.now());
+        fx.begin(clock.now(), None);
         fx.apply(first);
+        // The socket listens and the start-up replicas are placed: start-up is done as far as
+        // systemd is concerned. Waiting for them to warm could take longer than any sensible
+        // TimeoutStartSec (model loads take minutes), and `hearth status` shows their progress.
+        notifier.ready(&status_line(
+            &node.status(None, clock.now()),
+            &gpu_kind,
+            false,
+        ));
+        // Pings come from this loop, the one that owns the core, and from nowhere else: if the
+        // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
+        let mut watchdog = notifier.watchdog_interval().map(ticker);
+        if let Some(t) = notifier.watchdog_timeout() {
+            tracing::info!(
+                "systemd watchdog: {}ms; pinging every {}ms",
+                t.as_millis(),
+                t.as_millis() / 2
+            );
+        }
 
         while !fx.done {
             let msg = tokio::select! {
@@ -141,10 +259,19 @@ impl Daemon {
                     if !stopping {
                         stopping = true;
                         hard_deadline = Some(tokio::time::Instant::now() + node.config().daemon.shutdown_timeout + Duration::from_secs(5));
+                        // Before the drain starts, so that systemd shows the unit as
+                        // deactivating for the whole drain, also when the stop came from
+                        // someone's `kill` rather than from `systemctl stop`.
+                        notifier.stopping("stopping: draining and stopping every replica");
                     }
                     ShellMsg::Event(Event::Shutdown { immediate })
                 }
                 Some(()) = hup.recv() => ShellMsg::ReloadSignal,
+                // Ahead of the inbox: a loop busy with a flood of reports is turning, not stuck.
+                _ = async { watchdog.as_mut().expect("guarded").tick().await }, if watchdog.is_some() => {
+                    notifier.watchdog();
+                    continue;
+                }
                 Some(msg) = rx.recv() => msg,
                 _ = tick.tick() => {
                     if hard_deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
@@ -154,8 +281,16 @@ impl Daemon {
                     ShellMsg::Event(Event::Tick)
                 }
             };
+            let now = clock.now();
             let actions = match msg {
-                ShellMsg::Event(ev) => node.handle(ev, clock.now()),
+                ShellMsg::Event(ev) => {
+                    fx.begin(now, gpu_of(&ev));
+                    node.handle(ev, now)
+                }
+                ShellMsg::Snapshot { reply } => {
+                    let _ = reply.send(node.status(None, now));
+                    continue;
+                }
                 ShellMsg::Request {
                     peer,
                     request: Request::Reload,
@@ -169,54 +304,99 @@ impl Daemon {
                         let _ = reply.send((f.to_value(), fx.seq));
                         continue;
                     }
-                    match Config::load(&config_path) {
+                    if stopping {
+                        let f = Failure::new(ErrorCode::Busy, "shutting down: not reloading");
+                        let _ = reply.send((f.to_value(), fx.seq));
+                        continue;
+                    }
+                    fx.begin(now, None);
+                    let mut reload = Reload {
+                        path: &config_path,
+                        fixed: &fixed,
+                        log: &mut log,
+                        access: &access,
+                        tick: &mut tick,
+                        notifier: &mut notifier,
+                    };
+                    match reload.read("reload") {
                         Ok(cfg) => {
                             let id = fx.register(reply);
-                            node.handle(
+                            let actions = node.handle(
                                 Event::Reload {
                                     id: Some(id),
                                     config: Box::new(cfg),
                                 },
-                                clock.now(),
-                            )
+                                now,
+                            );
+                            fx.apply(actions);
                         }
                         Err(e) => {
-                            tracing::error!("reload refused, old configuration kept: {e}");
                             let f = Failure::new(
                                 ErrorCode::BadRequest,
                                 format!("configuration not reloaded: {e}"),
                             );
                             let _ = reply.send((f.to_value(), fx.seq));
-                            continue;
                         }
                     }
+                    // Applied or refused: either way the daemon runs a valid configuration.
+                    let line = status_line(&node.status(None, now), &gpu_kind, stopping);
+                    notifier.ready(&line);
+                    continue;
                 }
                 ShellMsg::Request {
                     peer,
                     request,
                     reply,
                 } => {
+                    let report = match &request {
+                        Request::Report(r) => Some(r.model.clone()),
+                        _ => None,
+                    };
                     let id = fx.register(reply);
-                    node.handle(Event::Request { id, peer, request }, clock.now())
+                    if let Some(model) = report {
+                        fx.reports.insert(id, model);
+                    }
+                    fx.begin(now, None);
+                    node.handle(Event::Request { id, peer, request }, now)
                 }
-                ShellMsg::ReloadSignal => match Config::load(&config_path) {
-                    Ok(cfg) => {
-                        tracing::info!("SIGHUP: reloading {}", config_path.display());
-                        node.handle(
+                // A reload during the drain would start replicas only to stop them, and its
+                // READY=1 would contradict STOPPING=1.
+                ShellMsg::ReloadSignal if stopping => {
+                    tracing::warn!("SIGHUP ignored: shutting down");
+                    continue;
+                }
+                ShellMsg::ReloadSignal => {
+                    fx.begin(now, None);
+                    let mut reload = Reload {
+                        path: &config_path,
+                        fixed: &fixed,
+                        log: &mut log,
+                        access: &access,
+                        tick: &mut tick,
+                        notifier: &mut notifier,
+                    };
+                    if let Ok(cfg) = reload.read("SIGHUP") {
+                        let actions = node.handle(
                             Event::Reload {
                                 id: None,
                                 config: Box::new(cfg),
                             },
-                            clock.now(),
-                        )
+                            now,
+                        );
+                        fx.apply(actions);
                     }
-                    Err(e) => {
-                        tracing::error!("SIGHUP: reload refused, old configuration kept: {e}");
-                        continue;
-                    }
-                },
+                    let line = status_line(&node.status(None, now), &gpu_kind, stopping);
+                    notifier.ready(&line);
+                    continue;
+                }
             };
             fx.apply(actions);
+            // The status line follows what changed (a replica's state, the routed set, a
+            // scale decision, a GPU), not the clock: an event that published nothing, like most
+            // reports and ticks, does not rebuild it, and an unchanged line is not resent.
+            if fx.changed && notifier.enabled() {
+                notifier.status(&status_line(&node.status(None, now), &gpu_kind, stopping));
+            }
         }
 
         shutdown.cancel();
@@ -232,6 +412,124 @@ impl Daemon {
     }
 }
 
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// The device an event is about, for the `GPU` field of what the core logs in answer.
+fn gpu_of(ev: &Event) -> Option<String> {
+    match ev {
+        Event::GpuXid { uuid, .. } | Event::GpuMemory { uuid, .. } => Some(uuid.clone()),
+        _ => None,
+    }
+}
+
+/// One reload (SIGHUP or the `reload` op): read and validate the file, apply what the shell
+/// owns, and hand the rest to the core. Announced to systemd as a reload either way.
+struct Reload<'a> {
+    path: &'a std::path::Path,
+    fixed: &'a Fixed,
+    log: &'a mut LogControl,
+    access: &'a Access,
+    tick: &'a mut tokio::time::Interval,
+    notifier: &'a mut Notifier,
+}
+
+impl Reload<'_> {
+    /// The validated configuration for the core, with what cannot change live pinned to the
+    /// running values. On error the old configuration stays and the error is logged.
+    fn read(&mut self, what: &str) -> Result<Config, crate::config::ConfigError> {
+        self.notifier.reloading();
+        let mut cfg = match Config::load(self.path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("{what}: configuration not reloaded, the running one is kept: {e}");
+                return Err(e);
+            }
+        };
+        tracing::info!("{what}: reloading {}", self.path.display());
+        for w in self.fixed.pin(&mut cfg) {
+            tracing::warn!("{what}: {w}");
+        }
+        if cfg.daemon.tick != self.tick.period() {
+            tracing::info!(
+                "{what}: daemon.tick {}ms → {}ms",
+                self.tick.period().as_millis(),
+                cfg.daemon.tick.as_millis()
+            );
+            *self.tick = ticker(cfg.daemon.tick);
+        }
+        if let Some(warning) = self.log.set_level(&cfg.daemon.log_level) {
+            tracing::warn!("{what}: {warning}");
+        }
+        self.access.set_config(cfg.access.clone());
+        Ok(cfg)
+    }
+}
+
+/// The one-line `STATUS=` that `systemctl status hearth` shows, e.g.
+/// "3 models: 5 routed, 2 warm, 1 starting; GPUs: static 2".
+pub fn status_line(st: &StatusView, gpu_kind: &str, stopping: bool) -> String {
+    let sum = |f: fn(&crate::protocol::ModelView) -> u32| st.models.iter().map(f).sum::<u32>();
+    let (routed, warm, starting) = (sum(|m| m.routed), sum(|m| m.warm), sum(|m| m.starting));
+    let (pending, draining) = (sum(|m| m.pending), sum(|m| m.draining));
+    if stopping {
+        let left = routed + warm + starting + pending + draining;
+        return format!("stopping: {left} replica(s) left");
+    }
+    let n = st.models.len();
+    let mut s = format!(
+        "{n} model{}: {routed} routed, {warm} warm, {starting} starting",
+        if n == 1 { "" } else { "s" }
+    );
+    if pending > 0 {
+        s.push_str(&format!(", {pending} pending"));
+    }
+    if draining > 0 {
+        s.push_str(&format!(", {draining} draining"));
+    }
+    let names = |f: &dyn Fn(&crate::protocol::ModelView) -> bool| {
+        st.models
+            .iter()
+            .filter(|m| f(m))
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (label, list) in [
+        ("crash_loop", names(&|m| m.health == "crash_loop")),
+        ("no_capacity", names(&|m| m.health == "no_capacity")),
+        (
+            "rollout halted",
+            names(&|m| m.rollout.as_deref().is_some_and(|r| r.contains(" halted "))),
+        ),
+        (
+            "rolling out",
+            names(&|m| {
+                m.rollout
+                    .as_deref()
+                    .is_some_and(|r| !r.contains(" halted "))
+            }),
+        ),
+    ] {
+        if !list.is_empty() {
+            s.push_str(&format!("; {label}: {list}"));
+        }
+    }
+    let unhealthy = st.gpus.iter().filter(|g| !g.healthy).count();
+    if st.gpus.is_empty() {
+        s.push_str("; GPUs: none");
+    } else {
+        s.push_str(&format!("; GPUs: {gpu_kind} {}", st.gpus.len()));
+        if unhealthy > 0 {
+            s.push_str(&format!(" ({unhealthy} unhealthy)"));
+        }
+    }
+    s
+}
+
 /// Turns the core's actions into effects.
 struct Effects {
     supervisor: Supervisor,
@@ -244,6 +542,29 @@ struct Effects {
     state_dir: PathBuf,
     done: bool,
     tracker: TaskTracker,
+    recorder: Arc<Recorder>,
+    /// Report requests waiting for their answer, by request id: counted once accepted.
+    reports: HashMap<u64, String>,
+    /// Each replica's last published state, when it entered it (core time) and in which
+    /// event, for the time-to-ready histogram; and its GPUs, for the log's GPU field.
+    replicas: HashMap<String, Seen>,
+    /// Number of the event being applied.
+    call: u64,
+    /// The time the core was given for this event.
+    now: Time,
+    /// When the event loop took this event up.
+    started: Instant,
+    /// The device this event is about, if it is about one.
+    gpu: Option<String>,
+    /// This event changed a replica's state, the routed set, a scale or a GPU.
+    changed: bool,
+}
+
+struct Seen {
+    state: String,
+    since: Time,
+    call: u64,
+    gpus: Option<String>,
 }
 
 impl Effects {
@@ -254,10 +575,65 @@ impl Effects {
         id
     }
 
+    /// Starts applying the actions of a new event, handled by the core at `now`.
+    fn begin(&mut self, now: Time, gpu: Option<String>) {
+        self.call += 1;
+        self.now = now;
+        self.started = Instant::now();
+        self.gpu = gpu;
+        self.changed = false;
+    }
+
+    /// Metrics and log context from a replica's state change.
+    ///
+    /// cold: spawn → warm, the same interval the core reports as `time_to_ready_ms` (both use
+    /// the core's time of the two events). promote: a replica that was already warm before this
+    /// event and is routed by it; for the core a promotion is one step, so what there is to
+    /// measure is the daemon's own reaction: from taking up the event (a report, a replica's
+    /// exit, a tick) to publishing the routed set that holds the replica. A replica that warms
+    /// and is routed in the same event filled a gap with a cold start, and counts as cold only.
+    fn replica_state(&mut self, model: &str, replica: &str, state: &str) {
+        self.changed = true;
+        if state == "gone" {
+            self.replicas.remove(replica);
+            return;
+        }
+        let prev = self.replicas.get(replica);
+        match (prev.map(|p| p.state.as_str()), state) {
+            (Some("starting"), "warm") => {
+                let since = prev.expect("matched").since;
+                let secs = self.now.since(since).as_secs_f64();
+                self.recorder.ready(model, ReadyPath::Cold, secs);
+            }
+            (Some("warm"), "routed") if prev.is_some_and(|p| p.call < self.call) => {
+                let secs = self.started.elapsed().as_secs_f64();
+                self.recorder.ready(model, ReadyPath::Promote, secs);
+            }
+            _ => {}
+        }
+        let gpus = prev.and_then(|p| p.gpus.clone());
+        self.replicas.insert(
+            replica.to_string(),
+            Seen {
+                state: state.to_string(),
+                since: self.now,
+                call: self.call,
+                gpus,
+            },
+        );
+    }
+
     fn apply(&mut self, actions: Vec<Action>) {
         for a in actions {
             match a {
-                Action::Spawn(spec) => self.supervisor.spawn(spec),
+                Action::Spawn(spec) => {
+                    if !spec.gpus.is_empty() {
+                        if let Some(seen) = self.replicas.get_mut(spec.replica.as_str()) {
+                            seen.gpus = Some(spec.gpus.join(","));
+                        }
+                    }
+                    self.supervisor.spawn(spec)
+                }
                 Action::Signal {
                     replica,
                     pid,
@@ -301,11 +677,30 @@ impl Effects {
                     });
                 }
                 Action::Reply { id, response } => {
+                    if let Some(model) = self.reports.remove(&id) {
+                        if response["ok"] == Value::Bool(true) {
+                            self.recorder.report(&model);
+                        }
+                    }
                     if let Some(tx) = self.replies.remove(&id) {
                         let _ = tx.send((response, self.seq));
                     }
                 }
                 Action::Publish(event) => {
+                    match &event {
+                        WatchEvent::Replica {
+                            model,
+                            replica,
+                            state,
+                        } => self.replica_state(model, replica, state),
+                        WatchEvent::Scale {
+                            model, from, to, ..
+                        } => {
+                            self.recorder.scale(model, *from, *to);
+                            self.changed = true;
+                        }
+                        WatchEvent::Routed { .. } | WatchEvent::Gpu { .. } => self.changed = true,
+                    }
                     self.seq += 1;
                     let json = serde_json::to_value(&event).unwrap_or_default();
                     let _ = self.published.send(Arc::new(Published {
@@ -327,25 +722,100 @@ impl Effects {
                     model,
                     replica,
                     message,
-                } => log(level, model, replica, &message),
+                } => {
+                    let gpu = match &replica {
+                        Some(r) => self.replicas.get(r.as_str()).and_then(|s| s.gpus.clone()),
+                        None => self.gpu.clone(),
+                    };
+                    log(level, model, replica, gpu, &message)
+                }
                 Action::ShutdownComplete => self.done = true,
             }
         }
     }
 }
 
+/// A line the core asked for, with the journal fields MODEL, REPLICA and GPU where known.
 fn log(
     level: LogLevel,
     model: Option<String>,
     replica: Option<crate::core::ReplicaId>,
+    gpu: Option<String>,
     message: &str,
 ) {
-    let model = model.unwrap_or_default();
-    let replica = replica.map(|r| r.0).unwrap_or_default();
+    let model = model.as_deref();
+    let replica = replica.as_ref().map(|r| r.as_str());
+    let gpu = gpu.as_deref();
     match level {
-        LogLevel::Debug => tracing::debug!(model, replica, "{message}"),
-        LogLevel::Info => tracing::info!(model, replica, "{message}"),
-        LogLevel::Warn => tracing::warn!(model, replica, "{message}"),
-        LogLevel::Error => tracing::error!(model, replica, "{message}"),
+        LogLevel::Debug => tracing::debug!(model, replica, gpu, "{message}"),
+        LogLevel::Info => tracing::info!(model, replica, gpu, "{message}"),
+        LogLevel::Warn => tracing::warn!(model, replica, gpu, "{message}"),
+        LogLevel::Error => tracing::error!(model, replica, gpu, "{message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{GpuView, ModelView};
+
+    fn model(name: &str, counts: [u32; 5], health: &str, rollout: Option<&str>) -> ModelView {
+        let [routed, warm, starting, pending, draining] = counts;
+        let mut m: ModelView = serde_json::from_value(serde_json::json!({
+            "name": name, "version": "1", "health": health, "routed": routed, "warm": warm,
+            "starting": starting, "pending": pending, "draining": draining,
+            "desired_routed": routed, "min": 1, "max": 8, "warm_pool": 1,
+            "target_wait_ms": 500, "signal": {}, "last_scale": null, "replicas": []
+        }))
+        .unwrap();
+        m.rollout = rollout.map(str::to_string);
+        m
+    }
+
+    fn gpu(uuid: &str, healthy: bool) -> GpuView {
+        GpuView {
+            index: 0,
+            uuid: uuid.into(),
+            name: "static device".into(),
+            memory_total: 1,
+            memory_reserved: 0,
+            healthy,
+            cordoned: false,
+            replicas: vec![],
+        }
+    }
+
+    #[test]
+    fn the_status_line_sums_models_and_names_the_ones_in_trouble() {
+        let st = StatusView {
+            models: vec![
+                model("a", [3, 1, 1, 0, 0], "ok", None),
+                model("b", [2, 1, 0, 1, 1], "crash_loop", None),
+                model(
+                    "c",
+                    [0, 0, 0, 0, 0],
+                    "ok",
+                    Some("rollout of version 2 halted after 3 replicas failed to warm up"),
+                ),
+            ],
+            gpus: vec![gpu("GPU-0", true), gpu("GPU-1", false)],
+        };
+        assert_eq!(
+            status_line(&st, "nvml", false),
+            "3 models: 5 routed, 2 warm, 1 starting, 1 pending, 1 draining; crash_loop: b; \
+             rollout halted: c; GPUs: nvml 2 (1 unhealthy)"
+        );
+        assert_eq!(
+            status_line(&st, "nvml", true),
+            "stopping: 10 replica(s) left"
+        );
+        let one = StatusView {
+            models: vec![model("a", [2, 1, 0, 0, 0], "ok", None)],
+            gpus: vec![],
+        };
+        assert_eq!(
+            status_line(&one, "static", false),
+            "1 model: 2 routed, 1 warm, 0 starting; GPUs: none"
+        );
     }
 }

@@ -5,6 +5,8 @@ pub mod control;
 pub mod daemon;
 pub mod inventory;
 pub mod logging;
+pub mod metrics;
+pub mod notify;
 pub mod nvml;
 pub mod probe;
 pub mod scrape;

@@ -149,7 +149,9 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
         }
     };
     let pid = child.id().expect("a just-spawned child has a pid");
-    tracing::info!(model = %spec.model, replica = %replica, pid, port = spec.port, gpus = ?spec.gpus, "spawned: {}", spec.command.join(" "));
+    // GPU is the journal field for the device(s): absent for CPU-only replicas.
+    let gpu = (!spec.gpus.is_empty()).then(|| spec.gpus.join(","));
+    tracing::info!(model = %spec.model, replica = %replica, gpu = gpu.as_deref(), pid, port = spec.port, "spawned: {}", spec.command.join(" "));
     send(Event::Spawned {
         replica: replica.clone(),
         pid,
@@ -159,6 +161,7 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
             out,
             spec.model.clone(),
             replica.clone(),
+            gpu.clone(),
             "stdout",
         ));
     }
@@ -167,6 +170,7 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
             err,
             spec.model.clone(),
             replica.clone(),
+            gpu.clone(),
             "stderr",
         ));
     }
@@ -202,10 +206,13 @@ async fn forward_output(
     stream: impl AsyncRead + Unpin,
     model: String,
     replica: ReplicaId,
+    gpu: Option<String>,
     which: &'static str,
 ) {
+    // Each line a replica prints is logged under its model, replica and GPU, so that the journal
+    // can show one replica's output (`journalctl -u hearth REPLICA=llama-8b-3`).
     forward_lines(stream, |line| {
-        tracing::info!(target: "hearth::replica", model = %model, replica = %replica, stream = which, "{line}");
+        tracing::info!(target: "hearth::replica", model = %model, replica = %replica, gpu = gpu.as_deref(), stream = which, "{line}");
     })
     .await;
 }

@@ -63,7 +63,9 @@ impl Node {
             version: m.config.version.clone(),
             health: health.to_string(),
             health_reason,
-            routed: c.routed,
+            // Every routed replica, those on their way out (old version, device being left)
+            // included: they still serve, and the routed set watchers see holds them.
+            routed: c.routed + c.leaving,
             warm: c.warm,
             starting: c.starting,
             pending: c.pending,
@@ -101,6 +103,7 @@ impl Node {
                 }
             }),
             time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
+            restarts_total: m.total_restarts,
             replicas: replicas
                 .into_iter()
                 .map(|r| ReplicaView {

@@ -1,0 +1,468 @@
+//! hearth as a systemd service: the sd_notify conversation (READY, WATCHDOG, RELOADING with
+//! MONOTONIC_USEC, STOPPING, STATUS), the environment replicas inherit, journald fields, and
+//! the unit file's numbers against the daemon's. The test plays the service manager: it owns
+//! the datagram socket named by NOTIFY_SOCKET.
+
+mod systemd_support;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use systemd_support::*;
+
+/// Datagrams received on the notify socket, stamped, in order; and what the control socket
+/// said at the moment READY=1 arrived.
+struct Manager {
+    got: Arc<Mutex<Vec<(Instant, String)>>>,
+    at_ready: Arc<Mutex<Option<Result<serde_json::Value, String>>>>,
+}
+
+impl Manager {
+    fn bind(path: &Path, control: Option<PathBuf>) -> Manager {
+        let sock = UnixDatagram::bind(path).expect("bind the notify socket");
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let at_ready = Arc::new(Mutex::new(None));
+        let (g, r) = (got.clone(), at_ready.clone());
+        // Reads until the test ends; the thread dies with the test binary.
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let first_ready =
+                    msg.lines().any(|l| l == "READY=1") && r.lock().unwrap().is_none();
+                if let (true, Some(control)) = (first_ready, &control) {
+                    // What a unit ordered After=hearth.service would find right now.
+                    let answer = Conn::connect(control)
+                        .and_then(|mut c| c.call(&serde_json::json!({"op": "status"})))
+                        .map_err(|e| e.to_string());
+                    *r.lock().unwrap() = Some(answer);
+                }
+                g.lock().unwrap().push((Instant::now(), msg));
+            }
+        });
+        Manager { got, at_ready }
+    }
+
+    fn all(&self) -> Vec<(Instant, String)> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// The first message at index ≥ `from` with a line equal to `line`, waiting up to `timeout`.
+    fn wait_line(&self, from: usize, line: &str, timeout: Duration) -> (usize, Instant, String) {
+        wait_until(&format!("{line:?} on NOTIFY_SOCKET"), timeout, || {
+            self.all()
+                .into_iter()
+                .enumerate()
+                .skip(from)
+                .find(|(_, (_, m))| m.lines().any(|l| l == line))
+                .map(|(i, (at, m))| (i, at, m))
+        })
+    }
+
+    fn pings_between(&self, a: Instant, b: Instant) -> Vec<Instant> {
+        self.all()
+            .into_iter()
+            .filter(|(at, m)| *at >= a && *at <= b && m.lines().any(|l| l == "WATCHDOG=1"))
+            .map(|(at, _)| at)
+            .collect()
+    }
+}
+
+#[test]
+fn the_daemon_speaks_sd_notify_and_keeps_its_notify_socket_from_replicas() {
+    let notify_dir = tempfile::tempdir().unwrap();
+    let notify_path = notify_dir.path().join("notify.sock");
+    let dir = daemon_dir();
+    let manager = Manager::bind(&notify_path, Some(dir.path().join("hearth.sock")));
+    let mut d = Daemon::start_with(
+        Opts::new(vec![Toy::new("toy")]),
+        Launch {
+            dir: Some(dir),
+            env: vec![
+                ("NOTIFY_SOCKET".into(), notify_path.display().to_string()),
+                ("WATCHDOG_USEC".into(), "2000000".into()),
+                // Like systemd, and what a replica would inherit if nothing stripped them.
+                ("LISTEN_FDS".into(), "0".into()),
+            ],
+            watchdog_pid: true,
+            ..Default::default()
+        },
+    );
+
+    // READY=1 once the socket listens and the start-up replicas are placed, not warm: the
+    // manager asked for the status the moment READY=1 arrived.
+    let (i_ready, ready_at, ready) = manager.wait_line(0, "READY=1", Duration::from_secs(10));
+    assert!(
+        ready.lines().any(|l| l.starts_with("STATUS=1 model: ")),
+        "READY=1 carries the status line: {ready:?}"
+    );
+    let at_ready = manager.at_ready.lock().unwrap().clone().expect("asked");
+    let at_ready = at_ready.unwrap_or_else(|e| panic!("the socket did not answer at READY=1: {e}"));
+    let m = &at_ready["status"]["models"][0];
+    assert_eq!(
+        m["replicas"].as_array().unwrap().len(),
+        3,
+        "2 routed + 1 warm placed before READY=1: {m}"
+    );
+    assert_eq!(m["warm"], 0, "READY=1 does not wait for warm-ups: {m}");
+    assert_eq!(m["routed"], 0, "{m}");
+    assert!(
+        manager.all()[..i_ready]
+            .iter()
+            .all(|(_, m)| !m.contains("READY=1")),
+        "one READY=1 at start"
+    );
+
+    // The replicas, placed before READY=1, warm afterwards; the status line follows.
+    d.wait_settled("toy", 2, 1, Duration::from_secs(30));
+    manager.wait_line(
+        i_ready,
+        "STATUS=1 model: 2 routed, 1 warm, 0 starting; GPUs: none",
+        Duration::from_secs(5),
+    );
+
+    // Watchdog: WATCHDOG_USEC = 2 s, so a ping about every second, from the event loop.
+    std::thread::sleep(Duration::from_millis(4500));
+    let window_start = ready_at + Duration::from_millis(500);
+    let pings = manager.pings_between(window_start, window_start + Duration::from_secs(4));
+    assert!(
+        (3..=6).contains(&pings.len()),
+        "about one ping a second over 4 s, got {}",
+        pings.len()
+    );
+    let max_gap = pings
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        max_gap < Duration::from_millis(1900),
+        "pings must come well within WATCHDOG_USEC: largest gap {max_gap:?}"
+    );
+
+    // No replica sees the daemon's notify socket or watchdog or passed sockets.
+    let pids: Vec<i64> = d
+        .replicas("toy")
+        .iter()
+        .filter_map(|(_, _, pid)| *pid)
+        .collect();
+    assert_eq!(pids.len(), 3);
+    for pid in &pids {
+        let env = environ(*pid as i32).expect("a replica's environment");
+        for private in [
+            "NOTIFY_SOCKET=",
+            "WATCHDOG_USEC=",
+            "WATCHDOG_PID=",
+            "LISTEN_FDS=",
+        ] {
+            assert!(
+                !env.iter().any(|e| e.starts_with(private)),
+                "replica {pid} inherited {private}…"
+            );
+        }
+        assert!(env.iter().any(|e| e.starts_with("HEARTH_REPLICA=")));
+    }
+    let daemon_env = environ(d.pid()).unwrap();
+    assert!(
+        daemon_env.iter().any(|e| e.starts_with("NOTIFY_SOCKET=")),
+        "the daemon itself keeps it"
+    );
+
+    // SIGHUP: RELOADING=1 with MONOTONIC_USEC (CLOCK_MONOTONIC now), then READY=1.
+    let from = manager.all().len();
+    let before = monotonic_usec();
+    d.signal(libc::SIGHUP);
+    let (i_rel, _, reloading) = manager.wait_line(from, "RELOADING=1", Duration::from_secs(5));
+    let after = monotonic_usec();
+    let usec: u64 = reloading
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .unwrap_or_else(|| panic!("RELOADING=1 without MONOTONIC_USEC: {reloading:?}"))
+        .parse()
+        .unwrap();
+    assert!(
+        before <= usec && usec <= after,
+        "MONOTONIC_USEC={usec} is CLOCK_MONOTONIC at the reload ({before}..{after})"
+    );
+    let (_, _, ready_again) = manager.wait_line(i_rel + 1, "READY=1", Duration::from_secs(5));
+    assert!(ready_again.contains("STATUS=1 model: 2 routed, 1 warm"));
+    assert_eq!(
+        d.replicas("toy")
+            .iter()
+            .filter_map(|r| r.2)
+            .collect::<Vec<_>>(),
+        pids,
+        "an unchanged file keeps every replica"
+    );
+
+    // A reload of a broken file is refused, and still ends with READY=1: the daemon runs on.
+    let good = std::fs::read_to_string(&d.config_path).unwrap();
+    std::fs::write(&d.config_path, "[daemon\n").unwrap();
+    let from = manager.all().len();
+    d.signal(libc::SIGHUP);
+    let (i_rel, _, _) = manager.wait_line(from, "RELOADING=1", Duration::from_secs(5));
+    manager.wait_line(i_rel + 1, "READY=1", Duration::from_secs(5));
+    assert!(d.running());
+    std::fs::write(&d.config_path, good).unwrap();
+
+    // SIGTERM: STOPPING=1 first, then the drain, then exit 0.
+    let from = manager.all().len();
+    d.signal(libc::SIGTERM);
+    let (_, _, stopping) = manager.wait_line(from, "STOPPING=1", Duration::from_secs(5));
+    assert!(stopping.contains("STATUS=stopping"));
+    let st = d
+        .wait_exit(Duration::from_secs(30))
+        .expect("exit after SIGTERM");
+    assert!(st.success(), "exit status {st}");
+    for pid in pids {
+        assert!(!alive(pid as i32), "replica {pid} outlived the daemon");
+    }
+}
+
+#[test]
+fn without_watchdog_usec_there_are_no_pings_and_a_foreign_watchdog_pid_is_ignored() {
+    let notify_dir = tempfile::tempdir().unwrap();
+    let notify_path = notify_dir.path().join("notify.sock");
+    let manager = Manager::bind(&notify_path, None);
+    let mut toy = Toy::new("toy");
+    toy.min = 1;
+    toy.warm_pool = 0;
+    let d = Daemon::start_with(
+        Opts::new(vec![toy]),
+        Launch {
+            env: vec![
+                ("NOTIFY_SOCKET".into(), notify_path.display().to_string()),
+                ("WATCHDOG_USEC".into(), "500000".into()),
+                // Meant for another process (sd_watchdog_enabled(3)): not ours to honour.
+                ("WATCHDOG_PID".into(), "1".into()),
+            ],
+            ..Default::default()
+        },
+    );
+    manager.wait_line(0, "READY=1", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        manager.all().iter().all(|(_, m)| !m.contains("WATCHDOG=1")),
+        "no pings for a watchdog that is not ours"
+    );
+    drop(d);
+}
+
+/// The unit's numbers agree with the daemon's: a service that notifies, is watched, drains
+/// on stop within TimeoutStopSec, and keeps CUDA's JIT working. (`systemd-analyze verify`
+/// runs in .ci/run.)
+#[test]
+fn the_unit_file_fits_the_daemon() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/hearth.service"
+    ))
+    .unwrap();
+    let values = |key: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    let one = |key: &str| -> String {
+        let v = values(key);
+        assert_eq!(v.len(), 1, "{key}= once in the unit: {v:?}");
+        v[0].clone()
+    };
+    let secs = |v: &str| -> u64 {
+        v.strip_suffix('s')
+            .unwrap_or(v)
+            .parse()
+            .unwrap_or_else(|_| panic!("seconds: {v}"))
+    };
+    assert_eq!(one("Type"), "notify");
+    assert_eq!(one("NotifyAccess"), "main");
+    assert_eq!(one("KillMode"), "mixed");
+    assert_eq!(one("Restart"), "on-failure");
+    assert!(one("ExecReload").contains("-HUP $MAINPID"));
+    assert!(secs(&one("WatchdogSec")) >= 2);
+    // Default shutdown_timeout (60 s) + the daemon's own 5 s hard stop, and a margin.
+    let shutdown_timeout = 60;
+    assert!(
+        secs(&one("TimeoutStopSec")) >= shutdown_timeout + 30,
+        "TimeoutStopSec must leave the drain its shutdown_timeout"
+    );
+    assert_eq!(one("DevicePolicy"), "closed");
+    assert!(values("DeviceAllow").iter().any(|v| v == "char-nvidia* rw"));
+    for key in [
+        "NoNewPrivileges",
+        "ProtectSystem",
+        "ProtectHome",
+        "PrivateTmp",
+    ] {
+        assert!(!values(key).is_empty(), "{key}= is set");
+    }
+    assert_eq!(one("RuntimeDirectory"), "hearth");
+    assert_eq!(one("StateDirectory"), "hearth");
+    assert!(
+        values("MemoryDenyWriteExecute").is_empty(),
+        "CUDA JIT-compiles: no MemoryDenyWriteExecute"
+    );
+}
+
+/// Decodes journald's native protocol: `NAME=value\n`, or `NAME\n` + 64-bit LE length + bytes +
+/// `\n` for values that may hold newlines.
+fn journal_fields(mut b: &[u8]) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let nl = b.iter().position(|&c| c == b'\n')?;
+        let line = &b[..nl];
+        if let Some(eq) = line.iter().position(|&c| c == b'=') {
+            out.push((
+                String::from_utf8_lossy(&line[..eq]).into_owned(),
+                String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+            ));
+            b = &b[nl + 1..];
+        } else {
+            let name = String::from_utf8_lossy(line).into_owned();
+            let rest = &b[nl + 1..];
+            let len = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?) as usize;
+            let value = rest.get(8..8 + len)?;
+            out.push((name, String::from_utf8_lossy(value).into_owned()));
+            b = rest.get(8 + len + 1..)?;
+        }
+    }
+    Some(out)
+}
+
+/// With stderr connected to "the journal" (JOURNAL_STREAM naming stderr's inode), entries go to
+/// journald's socket with MODEL, REPLICA, GPU and PRIORITY fields. The journal socket's path is
+/// fixed (/run/systemd/journal/socket), so the daemon runs in a private mount namespace with a
+/// fresh /run where the test's listener sits. Skipped where `unshare -m` is not allowed or
+/// python3 is missing.
+#[test]
+fn logs_carry_journal_fields_when_stderr_is_the_journal() {
+    let ok = Command::new("unshare")
+        .args(["-m", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new("python3")
+            .arg("-c")
+            .arg("pass")
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: needs `unshare -m` (root) and python3");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let entries = dir.path().join("journal.bin");
+    let stderr = dir.path().join("stderr");
+    std::fs::write(&stderr, "").unwrap();
+    // The listener writes each datagram as a 4-byte length and its bytes.
+    // It dies with its parent (PR_SET_PDEATHSIG, through ctypes), or after 5 quiet minutes.
+    let listener = format!(
+        "import socket,struct,os,ctypes\n\
+         ctypes.CDLL(None).prctl(1, 9)\n\
+         os.makedirs('/run/systemd/journal', exist_ok=True)\n\
+         s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n\
+         s.settimeout(300)\n\
+         s.bind('/run/systemd/journal/socket')\n\
+         open({ready:?},'w').close()\n\
+         f=open({entries:?},'ab',buffering=0)\n\
+         while True:\n    d=s.recv(1<<20)\n    f.write(struct.pack('<I',len(d))+d)\n",
+        ready = dir.path().join("listening").display().to_string(),
+        entries = entries.display().to_string(),
+    );
+    std::fs::write(dir.path().join("listener.py"), listener).unwrap();
+    let script = format!(
+        "mount -t tmpfs tmpfs /run && python3 {py} & \
+         while [ ! -e {ready} ]; do sleep 0.05; done; \
+         export JOURNAL_STREAM=$(stat -c %d:%i {stderr}); exec \"$@\" 2>>{stderr}",
+        py = dir.path().join("listener.py").display(),
+        ready = dir.path().join("listening").display(),
+        stderr = stderr.display(),
+    );
+    let mut toy = Toy::new("jt");
+    toy.min = 1;
+    toy.warm_pool = 0;
+    toy.gpus = Some((1, "1GiB".into()));
+    let mut opts = Opts::new(vec![toy]);
+    opts.static_gpus = vec![("GPU-journal-0".into(), "8GiB".into())];
+    let wrapper: Vec<String> = ["unshare", "-m", "sh", "-c", &script, "sh"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut d = Daemon::start_with(
+        opts,
+        Launch {
+            wrapper,
+            ..Default::default()
+        },
+    );
+    d.wait_settled("jt", 1, 0, Duration::from_secs(30));
+    let read = || -> Vec<Vec<(String, String)>> {
+        let raw = std::fs::read(&entries).unwrap_or_default();
+        let mut out = Vec::new();
+        let mut b = &raw[..];
+        while b.len() >= 4 {
+            let n = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
+            if b.len() < 4 + n {
+                break;
+            }
+            out.push(journal_fields(&b[4..4 + n]).expect("a well-formed journal entry"));
+            b = &b[4 + n..];
+        }
+        out
+    };
+    let field =
+        |e: &[(String, String)], k: &str| e.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let entries = wait_until(
+        "the warm-up line in the journal",
+        Duration::from_secs(10),
+        || {
+            let all = read();
+            all.iter()
+                .any(|e| field(e, "MESSAGE").is_some_and(|m| m.starts_with("warm after")))
+                .then_some(all)
+        },
+    );
+    let spawned = entries
+        .iter()
+        .find(|e| field(e, "MESSAGE").is_some_and(|m| m.starts_with("spawned: ")))
+        .expect("the spawn line");
+    assert_eq!(field(spawned, "MODEL").as_deref(), Some("jt"));
+    assert_eq!(field(spawned, "REPLICA").as_deref(), Some("jt-1"));
+    assert_eq!(field(spawned, "GPU").as_deref(), Some("GPU-journal-0"));
+    assert_eq!(field(spawned, "PRIORITY").as_deref(), Some("6"), "info");
+    assert!(
+        spawned.iter().all(|(n, _)| !n.starts_with("F_")),
+        "fields are not prefixed: {spawned:?}"
+    );
+    // A line the core logged about the replica carries the replica's GPU too.
+    let warm = entries
+        .iter()
+        .find(|e| field(e, "MESSAGE").is_some_and(|m| m.starts_with("warm after")))
+        .unwrap();
+    assert_eq!(field(warm, "REPLICA").as_deref(), Some("jt-1"));
+    assert_eq!(field(warm, "GPU").as_deref(), Some("GPU-journal-0"));
+    // What the replica printed, under its fields.
+    let printed = entries
+        .iter()
+        .find(|e| field(e, "STREAM").is_some())
+        .expect("a line a replica printed");
+    assert_eq!(field(printed, "REPLICA").as_deref(), Some("jt-1"));
+    assert_eq!(field(printed, "TARGET").as_deref(), Some("hearth::replica"));
+    // A daemon-wide line has no MODEL at all (not an empty one).
+    let global = entries
+        .iter()
+        .find(|e| field(e, "MESSAGE").is_some_and(|m| m.starts_with("listening on")))
+        .expect("the listening line");
+    assert_eq!(field(global, "MODEL"), None);
+    // Nothing went to stderr as text: the journal got it all.
+    let text = std::fs::read_to_string(&stderr).unwrap();
+    assert!(!text.contains("spawned: "), "stderr: {text}");
+    d.signal(libc::SIGTERM);
+    assert!(d
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+}
