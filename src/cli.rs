@@ -362,22 +362,54 @@ pub fn gpu_table(gpus: &[GpuView]) -> String {
         return "no GPUs\n".into();
     }
     let gib = |b: u64| format!("{:.1}", b as f64 / (1u64 << 30) as f64);
-    let mut out = format!(
-        "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
-        "INDEX", "UUID", "NAME", "TOTAL GiB", "RESERVED GiB", "HEALTHY", "CORDON", "REPLICAS"
-    );
+    let row = |cols: [&str; 11]| {
+        format!(
+            "{:<5} {:<40} {:<20} {:>9} {:>8} {:>8} {:>8} {:<7} {:<6} {:<20} {}\n",
+            cols[0],
+            cols[1],
+            cols[2],
+            cols[3],
+            cols[4],
+            cols[5],
+            cols[6],
+            cols[7],
+            cols[8],
+            cols[9],
+            cols[10]
+        )
+    };
+    let mut out = row([
+        "INDEX",
+        "UUID",
+        "NAME",
+        "TOTAL GiB",
+        "RESERVED",
+        "USED",
+        "FOREIGN",
+        "HEALTHY",
+        "CORDON",
+        "REPLICAS",
+        "NOTE",
+    ]);
     for g in gpus {
-        out.push_str(&format!(
-            "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
-            g.index,
-            g.uuid,
-            g.name,
-            gib(g.memory_total),
-            gib(g.memory_reserved),
+        let replicas = if g.replicas.is_empty() {
+            "-".to_string()
+        } else {
+            g.replicas.join(",")
+        };
+        out.push_str(&row([
+            &g.index.to_string(),
+            &g.uuid,
+            &g.name,
+            &gib(g.memory_total),
+            &gib(g.memory_reserved),
+            &g.memory_used.map_or("-".into(), gib),
+            &g.memory_foreign.map_or("-".into(), gib),
             if g.healthy { "yes" } else { "NO" },
             if g.cordoned { "yes" } else { "no" },
-            g.replicas.join(",")
-        ));
+            &replicas,
+            g.note.as_deref().unwrap_or(""),
+        ]));
     }
     out
 }
