@@ -413,3 +413,52 @@ pub fn gpu_table(gpus: &[GpuView]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod gpu_table_tests {
+    use super::*;
+
+    fn view(index: u32, used: Option<u64>, note: Option<&str>) -> GpuView {
+        const GIB: u64 = 1 << 30;
+        GpuView {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "H100".into(),
+            memory_total: 80 * GIB,
+            memory_reserved: 30 * GIB,
+            healthy: note.is_none(),
+            cordoned: false,
+            replicas: vec![format!("m-{index}")],
+            memory_used: used,
+            memory_foreign: used.map(|u| u - 20 * GIB),
+            note: note.map(String::from),
+            topology: None,
+        }
+    }
+
+    #[test]
+    fn the_gpu_table_shows_memory_in_use_foreign_memory_and_why_a_device_is_out() {
+        const GIB: u64 = 1 << 30;
+        let t = gpu_table(&[
+            view(0, Some(50 * GIB), None),
+            view(1, None, Some("critical XID 79")),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].contains("USED") && lines[0].contains("FOREIGN") && lines[0].contains("NOTE")
+        );
+        let cols: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["0", "GPU-0", "H100", "80.0", "30.0", "50.0", "30.0", "yes", "no", "m-0"]
+        );
+        let cols: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            [
+                "1", "GPU-1", "H100", "80.0", "30.0", "-", "-", "NO", "no", "m-1", "critical",
+                "XID", "79"
+            ]
+        );
+    }
+}

@@ -151,7 +151,16 @@ pub struct NvmlSource<'n> {
     events: Option<EventSet<'n>>,
     /// Devices whose memory could not be read, logged once.
     memory_failing: std::collections::BTreeSet<u32>,
+    /// UUIDs by index, as at start: a device that falls off the bus can't tell its UUID any more.
+    uuids: Vec<Option<String>>,
+    /// Devices found lost (NVML_ERROR_GPU_IS_LOST) and reported as XID 79 ("GPU has fallen off
+    /// the bus"), once each: the driver may never deliver an XID event for them.
+    lost: std::collections::BTreeSet<u32>,
+    pending: std::collections::VecDeque<Xid>,
 }
+
+/// NVIDIA's XID for a GPU that has fallen off the bus.
+const XID_FALLEN_OFF_THE_BUS: u64 = 79;
 
 impl<'n> NvmlSource<'n> {
     /// Registers every device's critical-XID events (and double-bit ECC errors, which NVIDIA
@@ -192,10 +201,43 @@ impl<'n> NvmlSource<'n> {
                 }
             }
         }
+        let uuids = (0..n)
+            .map(|i| nvml.device_by_index(i).and_then(|d| d.uuid()).ok())
+            .collect();
         NvmlSource {
             nvml,
             events,
             memory_failing: Default::default(),
+            uuids,
+            lost: Default::default(),
+            pending: Default::default(),
+        }
+    }
+
+    /// Device `i` answered GPU_IS_LOST: report it once, as XID 79.
+    fn mark_lost(&mut self, i: u32) {
+        let Some(Some(uuid)) = self.uuids.get(i as usize) else {
+            return;
+        };
+        if self.lost.insert(i) {
+            tracing::error!(gpu = %uuid, "NVML: device {i} is lost (fallen off the bus)");
+            self.pending.push_back(Xid {
+                uuid: uuid.clone(),
+                xid: XID_FALLEN_OFF_THE_BUS,
+            });
+        }
+    }
+
+    /// After the event wait said a GPU is lost: find which.
+    fn find_lost(&mut self) {
+        for i in 0..self.uuids.len() as u32 {
+            let lost = match self.nvml.device_by_index(i) {
+                Ok(d) => matches!(d.memory_info(), Err(NvmlError::GpuLost)),
+                Err(e) => matches!(e, NvmlError::GpuLost),
+            };
+            if lost {
+                self.mark_lost(i);
+            }
         }
     }
 }
@@ -228,6 +270,7 @@ impl GpuSource for NvmlSource<'_> {
                     self.memory_failing.remove(&i);
                     out.push(m);
                 }
+                Err(NvmlError::GpuLost) => self.mark_lost(i),
                 // Without the process list, hearth's own use would count as foreign: better
                 // no reading than a wrong one.
                 Err(e) => {
@@ -241,6 +284,9 @@ impl GpuSource for NvmlSource<'_> {
     }
 
     fn wait_xid(&mut self, timeout: Duration) -> Result<Option<Xid>, String> {
+        if let Some(x) = self.pending.pop_front() {
+            return Ok(Some(x));
+        }
         let Some(set) = &self.events else {
             std::thread::sleep(timeout);
             return Ok(None);
@@ -268,6 +314,13 @@ impl GpuSource for NvmlSource<'_> {
                 Ok(Some(Xid { uuid, xid }))
             }
             Err(NvmlError::Timeout) => Ok(None),
+            Err(NvmlError::GpuLost) => {
+                self.find_lost();
+                match self.pending.pop_front() {
+                    Some(x) => Ok(Some(x)),
+                    None => Err("NVML: a GPU is lost, but no device says so".into()),
+                }
+            }
             Err(e) => Err(e.to_string()),
         }
     }
