@@ -341,22 +341,103 @@ pub fn gpu_table(gpus: &[GpuView]) -> String {
         return "no GPUs\n".into();
     }
     let gib = |b: u64| format!("{:.1}", b as f64 / (1u64 << 30) as f64);
-    let mut out = format!(
-        "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
-        "INDEX", "UUID", "NAME", "TOTAL GiB", "RESERVED GiB", "HEALTHY", "CORDON", "REPLICAS"
-    );
+    let row = |cols: [&str; 11]| {
+        format!(
+            "{:<5} {:<40} {:<20} {:>9} {:>8} {:>8} {:>8} {:<7} {:<6} {:<20} {}\n",
+            cols[0],
+            cols[1],
+            cols[2],
+            cols[3],
+            cols[4],
+            cols[5],
+            cols[6],
+            cols[7],
+            cols[8],
+            cols[9],
+            cols[10]
+        )
+    };
+    let mut out = row([
+        "INDEX",
+        "UUID",
+        "NAME",
+        "TOTAL GiB",
+        "RESERVED",
+        "USED",
+        "FOREIGN",
+        "HEALTHY",
+        "CORDON",
+        "REPLICAS",
+        "NOTE",
+    ]);
     for g in gpus {
-        out.push_str(&format!(
-            "{:<5} {:<40} {:<20} {:>10} {:>12} {:<8} {:<8} {}\n",
-            g.index,
-            g.uuid,
-            g.name,
-            gib(g.memory_total),
-            gib(g.memory_reserved),
+        let replicas = if g.replicas.is_empty() {
+            "-".to_string()
+        } else {
+            g.replicas.join(",")
+        };
+        out.push_str(&row([
+            &g.index.to_string(),
+            &g.uuid,
+            &g.name,
+            &gib(g.memory_total),
+            &gib(g.memory_reserved),
+            &g.memory_used.map_or("-".into(), gib),
+            &g.memory_foreign.map_or("-".into(), gib),
             if g.healthy { "yes" } else { "NO" },
             if g.cordoned { "yes" } else { "no" },
-            g.replicas.join(",")
-        ));
+            &replicas,
+            g.note.as_deref().unwrap_or(""),
+        ]));
     }
     out
+}
+
+#[cfg(test)]
+mod gpu_table_tests {
+    use super::*;
+
+    fn view(index: u32, used: Option<u64>, note: Option<&str>) -> GpuView {
+        const GIB: u64 = 1 << 30;
+        GpuView {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "H100".into(),
+            memory_total: 80 * GIB,
+            memory_reserved: 30 * GIB,
+            healthy: note.is_none(),
+            cordoned: false,
+            replicas: vec![format!("m-{index}")],
+            memory_used: used,
+            memory_foreign: used.map(|u| u - 20 * GIB),
+            note: note.map(String::from),
+            topology: None,
+        }
+    }
+
+    #[test]
+    fn the_gpu_table_shows_memory_in_use_foreign_memory_and_why_a_device_is_out() {
+        const GIB: u64 = 1 << 30;
+        let t = gpu_table(&[
+            view(0, Some(50 * GIB), None),
+            view(1, None, Some("critical XID 79")),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].contains("USED") && lines[0].contains("FOREIGN") && lines[0].contains("NOTE")
+        );
+        let cols: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["0", "GPU-0", "H100", "80.0", "30.0", "50.0", "30.0", "yes", "no", "m-0"]
+        );
+        let cols: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            [
+                "1", "GPU-1", "H100", "80.0", "30.0", "-", "-", "NO", "no", "m-1", "critical",
+                "XID", "79"
+            ]
+        );
+    }
 }

@@ -307,6 +307,19 @@ pub struct GpuView {
     pub healthy: bool,
     pub cordoned: bool,
     pub replicas: Vec<String>,
+    /// Memory in use on the device by every process, as NVML last said; null without NVML.
+    #[serde(default)]
+    pub memory_used: Option<u64>,
+    /// The part of `memory_used` that hearth's replicas do not account for (other users of the
+    /// GPU); it is not capacity. Null until NVML has reported.
+    #[serde(default)]
+    pub memory_foreign: Option<u64>,
+    /// Why the device is unhealthy or cordoned (the XID, the operator's reason), if it is.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// NUMA node (or PCIe root) key shared by devices close to each other; null if unknown.
+    #[serde(default)]
+    pub topology: Option<String>,
 }
 
 // ---- WATCH -----------------------------------------------------------------------------------

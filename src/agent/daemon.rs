@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use super::access::Access;
 use super::control::{self, Control};
+use super::gpu_monitor::{self, MonitorSink};
 use super::inventory::Inventory;
 use super::logging::LogControl;
 use super::metrics::{self, ReadyPath, Recorder};
@@ -179,6 +181,13 @@ impl Daemon {
         let overrides = state::load(&state_dir);
         let mut node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
+        // XIDs and memory readings, from a thread of their own; it stops when this is dropped.
+        let _monitor = inventory.start_monitor(MonitorSink {
+            to_core: tx.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            interval: gpu_monitor::MEMORY_INTERVAL,
+        });
+
         let supervisor = Supervisor::start(tx.clone());
         let probes = probe::client();
         let access = Arc::new(Access::new(config.access.clone()));
@@ -258,6 +267,7 @@ impl Daemon {
                 Some(immediate) = stop.recv() => {
                     if !stopping {
                         stopping = true;
+                        fx.supervisor.cancel_prefetches();
                         hard_deadline = Some(tokio::time::Instant::now() + node.config().daemon.shutdown_timeout + Duration::from_secs(5));
                         // Before the drain starts, so that systemd shows the unit as
                         // deactivating for the whole drain, also when the stop came from

@@ -1,6 +1,7 @@
 //! GPU inventory: where the device list comes from. NVML on a real host; the devices declared
 //! in the configuration otherwise; nothing at all on a host without GPUs.
 
+use super::gpu_monitor::{MonitorHandle, MonitorSink};
 use crate::config::{GpuBackend, GpusConfig};
 use crate::core::GpuDevice;
 
@@ -9,6 +10,12 @@ pub trait Inventory: Send {
     fn describe(&self) -> String;
     /// The devices now.
     fn devices(&mut self) -> Vec<GpuDevice>;
+    /// Starts the thread that reports XIDs and memory use to the core through `sink`, where this
+    /// inventory can see them (NVML); declared devices have nothing to report.
+    fn start_monitor(&mut self, sink: MonitorSink) -> Option<MonitorHandle> {
+        let _ = sink;
+        None
+    }
 }
 
 /// The devices declared in `[[gpus.device]]`: for hosts where NVML is absent, and for tests.
@@ -64,7 +71,7 @@ pub fn open(cfg: &GpusConfig) -> Result<Box<dyn Inventory>, String> {
             .map(|n| Box::new(n) as Box<dyn Inventory>)
             .map_err(|e| format!("[gpus] backend = \"nvml\" but NVML is not usable: {e}")),
         GpuBackend::Auto => match super::nvml::NvmlInventory::open() {
-            Ok(n) => Ok(Box::new(n)),
+            Ok(n) => Ok(Box::new(n) as Box<dyn Inventory>),
             Err(e) => Ok(Box::new(StaticInventory::from_config(
                 cfg,
                 format!("backend = \"auto\" and NVML is not usable: {e}"),

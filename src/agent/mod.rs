@@ -3,11 +3,13 @@
 pub mod access;
 pub mod control;
 pub mod daemon;
+pub mod gpu_monitor;
 pub mod inventory;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod nvml;
+pub mod prefetch;
 pub mod probe;
 pub mod scrape;
 pub mod state;

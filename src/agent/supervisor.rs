@@ -4,6 +4,8 @@
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use nix::sys::signal::{killpg, Signal};
@@ -14,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use super::daemon::ShellMsg;
+use super::prefetch;
 use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal};
 
 /// Variables of the daemon's own that must never reach a child: they describe the daemon's
@@ -32,14 +35,20 @@ struct Job {
 
 /// Hands spawn requests to one long-lived thread. PR_SET_PDEATHSIG fires when the *thread* that
 /// forked the child exits, so children must not be forked from pool threads that can retire.
+/// A replica with `prefetch` globs first has its files read into the page cache on a thread of
+/// its own; the spawner thread forks it when that is done.
 #[derive(Clone)]
 pub struct Supervisor {
     jobs: std::sync::mpsc::Sender<Job>,
+    events: mpsc::Sender<ShellMsg>,
+    /// Set at shutdown: prefetches stop early and their replicas are not started.
+    cancel: Arc<AtomicBool>,
 }
 
 impl Supervisor {
     pub fn start(events: mpsc::Sender<ShellMsg>) -> Supervisor {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let events_for_prefetch = events.clone();
         let handle = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name("hearth-spawner".into())
@@ -50,11 +59,34 @@ impl Supervisor {
                 }
             })
             .expect("spawn the spawner thread");
-        Supervisor { jobs: tx }
+        Supervisor {
+            jobs: tx,
+            events: events_for_prefetch,
+            cancel: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     pub fn spawn(&self, spec: SpawnSpec) {
-        let _ = self.jobs.send(Job { spec });
+        if spec.prefetch.is_empty() {
+            let _ = self.jobs.send(Job { spec });
+            return;
+        }
+        let (jobs, events, cancel) = (self.jobs.clone(), self.events.clone(), self.cancel.clone());
+        let replica = spec.replica.clone();
+        let started = std::thread::Builder::new()
+            .name("hearth-prefetch".into())
+            .spawn(move || prefetch_then_spawn(spec, &jobs, &events, &cancel));
+        if let Err(e) = started {
+            let error = format!("could not start the prefetch thread: {e}");
+            let _ = self
+                .events
+                .try_send(ShellMsg::Event(Event::SpawnFailed { replica, error }));
+        }
+    }
+
+    /// Shutdown: prefetches under way stop, and their replicas are never started.
+    pub fn cancel_prefetches(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
     }
 
     /// Signals a replica's whole process group.
@@ -68,6 +100,48 @@ impl Supervisor {
             Err(e) => tracing::warn!(replica = %replica, pid, "could not send {sig:?}: {e}"),
         }
     }
+}
+
+/// Reads the replica's prefetch files into the page cache, reporting progress to the core, then
+/// hands the spawn to the spawner thread (or, at shutdown, reports that it never started).
+fn prefetch_then_spawn(
+    spec: SpawnSpec,
+    jobs: &std::sync::mpsc::Sender<Job>,
+    events: &mpsc::Sender<ShellMsg>,
+    cancel: &AtomicBool,
+) {
+    let replica = spec.replica.clone();
+    let model = spec.model.clone();
+    let mut warned = 0usize;
+    let mut announced = false;
+    let outcome = prefetch::run(&spec.prefetch, cancel, |p| {
+        if !announced {
+            announced = true;
+            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::core::status::bytes(p.total_bytes), spec.prefetch.join(" "));
+        }
+        for m in &p.missing[warned..] {
+            tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
+        }
+        warned = p.missing.len();
+        let _ = events.blocking_send(ShellMsg::Event(Event::Prefetch {
+            replica: replica.clone(),
+            done_bytes: p.done_bytes,
+            total_bytes: p.total_bytes,
+            missing: p.missing.clone(),
+        }));
+    });
+    if outcome.cancelled {
+        tracing::info!(model = %model, replica = %replica, "prefetch stopped: shutting down");
+        let _ = events.blocking_send(ShellMsg::Event(Event::SpawnFailed {
+            replica,
+            error: "not started: the daemon is shutting down".into(),
+        }));
+        return;
+    }
+    let secs = outcome.elapsed.as_secs_f64();
+    let rate = outcome.progress.done_bytes as f64 / secs.max(1e-3) / (1u64 << 20) as f64;
+    tracing::info!(model = %model, replica = %replica, "prefetched {} in {} file(s) in {secs:.1} s ({rate:.0} MiB/s)", crate::core::status::bytes(outcome.progress.done_bytes), outcome.files);
+    let _ = jobs.send(Job { spec });
 }
 
 /// Looked up before fork: a child between fork and exec may only make async-signal-safe calls.

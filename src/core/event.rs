@@ -185,6 +185,15 @@ pub enum Event {
         used: u64,
         by_group: Vec<(u32, u64)>,
     },
+    /// Progress of reading a starting replica's `prefetch` files into the page cache (the
+    /// shell sends one at the start, some while reading, and one when done: `done == total`).
+    /// `missing`: patterns that matched nothing or files that could not be read.
+    Prefetch {
+        replica: ReplicaId,
+        done_bytes: u64,
+        total_bytes: u64,
+        missing: Vec<String>,
+    },
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,

@@ -244,6 +244,10 @@ impl GpuTable {
                 healthy: s.healthy,
                 cordoned: s.cordoned,
                 replicas: s.replicas.iter().map(|r| r.0.clone()).collect(),
+                memory_used: s.memory_used,
+                memory_foreign: s.memory_used.map(|_| s.device.memory_foreign),
+                note: (!s.note.is_empty()).then(|| s.note.clone()),
+                topology: s.device.topology.clone(),
             })
             .collect()
     }

@@ -334,3 +334,76 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     let out2 = h.send(Event::Tick);
     assert_eq!(spawns(&out) + spawns(&out2), 1);
 }
+
+#[test]
+fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_ignored() {
+    const GIB: u64 = 1 << 30;
+    let toml = format!(
+        "{ONE_DEVICE}{}",
+        gpu_model(
+            "m",
+            "30GiB",
+            "prefetch = [\"/w/*.safetensors\", \"/w/missing*\"]",
+            "min = 1\nmax = 1\nwarm_pool = 0"
+        )
+    );
+    let mut h = Harness::new(&toml);
+    let spec = h
+        .log
+        .iter()
+        .find_map(|a| match a {
+            Action::Spawn(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a spawn");
+    assert_eq!(spec.prefetch, vec!["/w/*.safetensors", "/w/missing*"]);
+    let id = spec.replica.clone();
+    let reason = |h: &Harness| {
+        h.node.status(Some("m"), h.now).models[0].replicas[0]
+            .reason
+            .clone()
+    };
+    let progress = |h: &mut Harness, done: u64, missing: &[&str]| {
+        let out = h.send(Event::Prefetch {
+            replica: id.clone(),
+            done_bytes: done,
+            total_bytes: 2 * GIB,
+            missing: missing.iter().map(|s| s.to_string()).collect(),
+        });
+        assert!(
+            out.iter()
+                .all(|a| !matches!(a, Action::Spawn(_) | Action::Signal { .. })),
+            "progress decides nothing: {out:?}"
+        );
+    };
+    progress(&mut h, 0, &[]);
+    assert_eq!(reason(&h), "prefetching weights: 0MiB of 2.0GiB");
+    progress(&mut h, 1288490189, &["/w/missing*"]);
+    assert_eq!(
+        reason(&h),
+        "prefetching weights: 1.2GiB of 2.0GiB; not found: /w/missing*"
+    );
+    progress(&mut h, 2 * GIB, &["/w/missing*"]);
+    assert_eq!(
+        reason(&h),
+        "weights prefetched: 2.0GiB; not found: /w/missing*"
+    );
+    h.spawn_all(&[Action::Spawn(spec.clone())]);
+    h.warm(&id);
+    assert_eq!(h.in_state("m", ReplicaState::Routed), vec![id.clone()]);
+    assert_eq!(reason(&h), "", "warm clears the reason");
+    progress(&mut h, 2 * GIB, &[]);
+    assert_eq!(
+        reason(&h),
+        "",
+        "a late report for a routed replica changes nothing"
+    );
+    // A report for a replica that no longer exists is harmless.
+    let out = h.send(Event::Prefetch {
+        replica: ReplicaId("m-99".into()),
+        done_bytes: 1,
+        total_bytes: 2,
+        missing: vec![],
+    });
+    assert_eq!(spawns(&out), 0);
+}

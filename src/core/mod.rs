@@ -13,6 +13,7 @@ mod node;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+mod prefetch;
 mod reclaim;
 mod reconcile;
 mod reload;

@@ -101,6 +101,12 @@ impl Node {
                 used,
                 by_group,
             } => self.gpu_memory(&uuid, used, &by_group, &mut out),
+            Event::Prefetch {
+                replica,
+                done_bytes,
+                total_bytes,
+                missing,
+            } => self.prefetch_progress(&replica, done_bytes, total_bytes, &missing),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);

@@ -1,0 +1,327 @@
+//! Weight prefetch benchmark: time from spawn to ready of a toy server that reads a 2 GiB
+//! "weights" file while loading (`--read-file`), from a cold page cache, with and without
+//! hearth's prefetch (`hearth::agent::prefetch::run`, the function the supervisor runs).
+//!
+//! `cargo bench --bench prefetch` (env: PREFETCH_BENCH_GIB=2, PREFETCH_BENCH_DIR=<dir on disk>,
+//! PREFETCH_BENCH_ROUNDS=3, PREFETCH_BENCH_LOAD_S=0,2: the toy's other loading work in seconds,
+//! one set of cases per value).
+//!
+//! Cases, each from a cold cache:
+//! - `none`: spawn → ready, the server reads the file itself.
+//! - `prefetch, then spawn`: what hearth does for a replica with `prefetch`: read the files,
+//!   then fork the server; time from the start of the prefetch to ready.
+//! - `prefetch alongside spawn`: the prefetch runs on another thread while the server starts.
+//! - `prefetch during back-off`: the prefetch starts when a replica's predecessor fails and runs
+//!   during the restart back-off; time from the (back-off's end) spawn to ready.
+//!
+//! Cold cache: `echo 1 > /proc/sys/vm/drop_caches` where writable (root outside a container);
+//! otherwise `posix_fadvise(DONTNEED)` on the file, which drops its clean pages unprivileged.
+//! Residency after eviction is measured with mincore and printed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+const HEARTH: &str = env!("CARGO_BIN_EXE_hearth");
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Writes `bytes` of xorshift noise (incompressible, so no filesystem or device shortcut).
+fn write_weights(path: &Path, bytes: u64) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        for chunk in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    let f = f.into_inner().map_err(|e| e.into_error())?;
+    // Clean pages only can be dropped: flush to disk now.
+    f.sync_all()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Evict {
+    DropCaches,
+    Fadvise,
+}
+
+impl Evict {
+    fn describe(self) -> &'static str {
+        match self {
+            Evict::DropCaches => "echo 1 > /proc/sys/vm/drop_caches",
+            Evict::Fadvise => {
+                "posix_fadvise(POSIX_FADV_DONTNEED) on the file (drop_caches is not writable here)"
+            }
+        }
+    }
+}
+
+fn evict(path: &Path, how: Evict) -> Evict {
+    if how == Evict::DropCaches {
+        let ok = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/proc/sys/vm/drop_caches")
+            .and_then(|mut f| f.write_all(b"1\n"))
+            .is_ok();
+        if ok {
+            return Evict::DropCaches;
+        }
+    }
+    let f = std::fs::File::open(path).expect("open weights");
+    nix::fcntl::posix_fadvise(
+        f.as_fd(),
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .expect("fadvise DONTNEED");
+    Evict::Fadvise
+}
+
+/// Share of the file's pages in the page cache (mincore).
+fn resident(path: &Path) -> f64 {
+    let f = std::fs::File::open(path).expect("open weights");
+    let len = f.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0.0;
+    }
+    let page = 4096usize;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a read-only shared mapping of a file we keep open for the call; unmapped below.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED, "mmap for mincore");
+        let rc = libc::mincore(addr, len, vec.as_mut_ptr());
+        libc::munmap(addr, len);
+        assert_eq!(rc, 0, "mincore");
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages as f64
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns the toy server and returns how long until it says it is ready.
+fn spawn_to_ready(weights: &Path, load: Duration) -> Duration {
+    let t0 = Instant::now();
+    let mut child = Command::new(HEARTH)
+        .args(["toy-server", "--port", &free_port().to_string()])
+        .arg("--read-file")
+        .arg(weights)
+        .args(["--load-time", &format!("{}ms", load.as_millis())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn toy-server");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = None;
+    for line in out.lines() {
+        let line = line.expect("toy stdout");
+        if line.contains("toy-server ready") {
+            ready = Some(t0.elapsed());
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    ready.expect("the toy server became ready")
+}
+
+fn prefetch(weights: &Path) -> Duration {
+    let t = Instant::now();
+    let out = hearth::agent::prefetch::run(
+        &[weights.display().to_string()],
+        &AtomicBool::new(false),
+        |_| {},
+    );
+    assert_eq!(out.progress.done_bytes, out.progress.total_bytes);
+    assert!(out.progress.missing.is_empty());
+    t.elapsed()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this without it: a 2 GiB
+    // benchmark is not a test, so skip then.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("prefetch benchmark: run it with `cargo bench --bench prefetch`");
+        return;
+    }
+    let gib: f64 = env_or("PREFETCH_BENCH_GIB", 2.0);
+    let rounds: usize = env_or("PREFETCH_BENCH_ROUNDS", 3);
+    let base: PathBuf = std::env::var_os("PREFETCH_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).expect("temp dir");
+    let weights = dir.path().join("model.safetensors");
+    let bytes = (gib * (1u64 << 30) as f64) as u64;
+    let t = Instant::now();
+    write_weights(&weights, bytes).expect("write the weights file");
+    println!(
+        "weights: {} ({:.2} GiB, written and synced in {:.1} s)",
+        weights.display(),
+        bytes as f64 / (1u64 << 30) as f64,
+        t.elapsed().as_secs_f64()
+    );
+    let how = evict(&weights, Evict::DropCaches);
+    let cold = resident(&weights);
+    println!(
+        "cold cache by: {}; resident after eviction: {:.1} %",
+        how.describe(),
+        cold * 100.0
+    );
+    // Warm reference: the server reading a file that is already cached.
+    let _ = spawn_to_ready(&weights, Duration::ZERO);
+    let hot = spawn_to_ready(&weights, Duration::ZERO);
+    println!(
+        "reference: spawn → ready with the file already cached: {:.2} s",
+        hot.as_secs_f64()
+    );
+
+    let loads: Vec<Duration> = match std::env::var("PREFETCH_BENCH_LOAD_S") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|x| x.trim().parse::<f64>().ok())
+            .map(Duration::from_secs_f64)
+            .collect(),
+        Err(_) => vec![Duration::ZERO, Duration::from_secs(2)],
+    };
+    for load in loads {
+        run_cases(&weights, bytes, how, load, rounds);
+    }
+}
+
+fn run_cases(weights: &Path, bytes: u64, how: Evict, load: Duration, rounds: usize) {
+    println!();
+    println!(
+        "== the toy's other loading work (--load-time, concurrent with its read): {:.1} s ==",
+        load.as_secs_f64()
+    );
+    let mut none = Vec::new();
+    let mut serial = Vec::new();
+    let mut alongside = Vec::new();
+    let mut backoff = Vec::new();
+    let mut prefetch_alone = Vec::new();
+    for round in 1..=rounds {
+        let mut resident_before = Vec::new();
+        cold(weights, how, &mut resident_before);
+        let a = spawn_to_ready(weights, load);
+        none.push(a.as_secs_f64());
+
+        cold(weights, how, &mut resident_before);
+        let t = Instant::now();
+        let p = prefetch(weights);
+        let s = spawn_to_ready(weights, load);
+        let b = t.elapsed();
+        serial.push(b.as_secs_f64());
+        prefetch_alone.push(p.as_secs_f64());
+
+        // Prefetch on another thread while the server starts and reads.
+        cold(weights, how, &mut resident_before);
+        let w = weights.to_path_buf();
+        let helper = std::thread::spawn(move || prefetch(&w));
+        let d = spawn_to_ready(weights, load);
+        let _ = helper.join();
+        alongside.push(d.as_secs_f64());
+
+        // A restart back-off as long as the prefetch takes (the core's back-off is 1 s doubling
+        // to 5 min): the replacement is spawned when the back-off ends.
+        cold(weights, how, &mut resident_before);
+        let t = Instant::now();
+        let p2 = prefetch(weights);
+        let back_off = p2.max(Duration::from_secs(1));
+        std::thread::sleep(back_off.saturating_sub(t.elapsed()));
+        let c = spawn_to_ready(weights, load);
+        backoff.push(c.as_secs_f64());
+        prefetch_alone.push(p2.as_secs_f64());
+        println!(
+            "round {round}: none {:.2} s | prefetch {:.2} s then spawn→ready {:.2} s = {:.2} s | alongside {:.2} s | after a {:.1} s back-off {:.2} s   (resident before each: {})",
+            a.as_secs_f64(),
+            p.as_secs_f64(),
+            s.as_secs_f64(),
+            b.as_secs_f64(),
+            d.as_secs_f64(),
+            back_off.as_secs_f64(),
+            c.as_secs_f64(),
+            resident_before
+                .iter()
+                .map(|r| format!("{:.1} %", r * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let (n, s, a, c) = (
+        median(none),
+        median(serial),
+        median(alongside),
+        median(backoff),
+    );
+    let p = median(prefetch_alone);
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    println!(
+        "median of {rounds} (cold prefetch alone: {p:.2} s, {:.0} MiB/s):",
+        mib / p.max(1e-3)
+    );
+    println!("  no prefetch                spawn → ready {n:.2} s   ratio 1.00");
+    println!(
+        "  prefetch, then spawn       start → ready {s:.2} s   ratio {:.2}   <- what hearth does",
+        s / n
+    );
+    println!(
+        "  prefetch alongside spawn   spawn → ready {a:.2} s   ratio {:.2}",
+        a / n
+    );
+    println!(
+        "  prefetch during back-off   spawn → ready {c:.2} s   ratio {:.2}",
+        c / n
+    );
+}
+
+/// Evicts the weights, keeps the hearth binary itself cached (so only the weights are cold),
+/// and records the weights' residency.
+fn cold(weights: &Path, how: Evict, resident_before: &mut Vec<f64>) {
+    evict(weights, how);
+    let _ = std::fs::read(HEARTH);
+    resident_before.push(resident(weights));
+}

@@ -1,0 +1,33 @@
+//! Weight prefetch progress: the shell reads a starting replica's `prefetch` files into the
+//! page cache and tells the core how far it got; the core only shows it (status `reason`).
+
+use super::node::Node;
+use super::replica::{ReplicaId, ReplicaState};
+use super::status::bytes;
+
+impl Node {
+    pub(super) fn prefetch_progress(
+        &mut self,
+        id: &ReplicaId,
+        done: u64,
+        total: u64,
+        missing: &[String],
+    ) {
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
+        // A late report for a replica that has moved on (warm, stopping) changes nothing.
+        if r.state != ReplicaState::Starting {
+            return;
+        }
+        let mut reason = if done >= total {
+            format!("weights prefetched: {}", bytes(total))
+        } else {
+            format!("prefetching weights: {} of {}", bytes(done), bytes(total))
+        };
+        if !missing.is_empty() {
+            reason.push_str(&format!("; not found: {}", missing.join(", ")));
+        }
+        r.reason = reason;
+    }
+}
