@@ -644,6 +644,11 @@ impl Effects {
                     }
                     self.supervisor.spawn(spec)
                 }
+                Action::Prefetch {
+                    replica,
+                    model,
+                    globs,
+                } => self.supervisor.prefetch(replica, model, globs),
                 Action::Signal {
                     replica,
                     pid,
@@ -792,6 +797,10 @@ mod tests {
             healthy,
             cordoned: false,
             replicas: vec![],
+            memory_used: None,
+            memory_foreign: None,
+            note: None,
+            topology: None,
         }
     }
 

@@ -33,6 +33,15 @@ pub struct LogControl {
 }
 
 impl LogControl {
+    /// For a daemon run inside another program (tests): no filter of its own to change.
+    pub fn detached(level: &str) -> LogControl {
+        LogControl {
+            handle: None,
+            from_env: false,
+            current: level.to_string(),
+        }
+    }
+
     /// Applies `daemon.log_level` from a reloaded configuration. Says what it did in the log;
     /// returns a warning when the level could not be applied.
     pub fn set_level(&mut self, level: &str) -> Option<String> {

@@ -441,6 +441,10 @@ mod tests {
             healthy: true,
             cordoned: false,
             replicas: vec![],
+            memory_used: None,
+            memory_foreign: None,
+            note: None,
+            topology: None,
         }];
         let text = r.render(StatusView {
             models: vec![m, quiet],

@@ -35,13 +35,14 @@ struct Job {
 
 /// Hands spawn requests to one long-lived thread. PR_SET_PDEATHSIG fires when the *thread* that
 /// forked the child exits, so children must not be forked from pool threads that can retire.
-/// A replica with `prefetch` globs first has its files read into the page cache on a thread of
-/// its own; the spawner thread forks it when that is done.
+/// Prefetches of weight files run on threads of their own, beside the spawns: they never delay
+/// a start (reading the files first and only then starting the server measured slower than
+/// letting the two overlap).
 #[derive(Clone)]
 pub struct Supervisor {
     jobs: std::sync::mpsc::Sender<Job>,
     events: mpsc::Sender<ShellMsg>,
-    /// Set at shutdown: prefetches stop early and their replicas are not started.
+    /// Set at shutdown: prefetches stop early.
     cancel: Arc<AtomicBool>,
 }
 
@@ -67,24 +68,21 @@ impl Supervisor {
     }
 
     pub fn spawn(&self, spec: SpawnSpec) {
-        if spec.prefetch.is_empty() {
-            let _ = self.jobs.send(Job { spec });
-            return;
-        }
-        let (jobs, events, cancel) = (self.jobs.clone(), self.events.clone(), self.cancel.clone());
-        let replica = spec.replica.clone();
+        let _ = self.jobs.send(Job { spec });
+    }
+
+    /// Reads a replica's weight files into the page cache on a thread of its own.
+    pub fn prefetch(&self, replica: ReplicaId, model: String, globs: Vec<String>) {
+        let (events, cancel) = (self.events.clone(), self.cancel.clone());
         let started = std::thread::Builder::new()
             .name("hearth-prefetch".into())
-            .spawn(move || prefetch_then_spawn(spec, &jobs, &events, &cancel));
+            .spawn(move || prefetch_files(&replica, &model, &globs, &events, &cancel));
         if let Err(e) = started {
-            let error = format!("could not start the prefetch thread: {e}");
-            let _ = self
-                .events
-                .try_send(ShellMsg::Event(Event::SpawnFailed { replica, error }));
+            tracing::warn!("could not start a prefetch thread: {e}; the replica starts without it");
         }
     }
 
-    /// Shutdown: prefetches under way stop, and their replicas are never started.
+    /// Shutdown: prefetches under way stop.
     pub fn cancel_prefetches(&self) {
         self.cancel.store(true, Ordering::Relaxed);
     }
@@ -102,22 +100,20 @@ impl Supervisor {
     }
 }
 
-/// Reads the replica's prefetch files into the page cache, reporting progress to the core, then
-/// hands the spawn to the spawner thread (or, at shutdown, reports that it never started).
-fn prefetch_then_spawn(
-    spec: SpawnSpec,
-    jobs: &std::sync::mpsc::Sender<Job>,
+/// Reads the replica's prefetch files into the page cache, reporting progress to the core.
+fn prefetch_files(
+    replica: &ReplicaId,
+    model: &str,
+    globs: &[String],
     events: &mpsc::Sender<ShellMsg>,
     cancel: &AtomicBool,
 ) {
-    let replica = spec.replica.clone();
-    let model = spec.model.clone();
     let mut warned = 0usize;
     let mut announced = false;
-    let outcome = prefetch::run(&spec.prefetch, cancel, |p| {
+    let outcome = prefetch::run(globs, cancel, |p| {
         if !announced {
             announced = true;
-            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::core::status::bytes(p.total_bytes), spec.prefetch.join(" "));
+            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::core::status::bytes(p.total_bytes), globs.join(" "));
         }
         for m in &p.missing[warned..] {
             tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
@@ -132,16 +128,11 @@ fn prefetch_then_spawn(
     });
     if outcome.cancelled {
         tracing::info!(model = %model, replica = %replica, "prefetch stopped: shutting down");
-        let _ = events.blocking_send(ShellMsg::Event(Event::SpawnFailed {
-            replica,
-            error: "not started: the daemon is shutting down".into(),
-        }));
         return;
     }
     let secs = outcome.elapsed.as_secs_f64();
     let rate = outcome.progress.done_bytes as f64 / secs.max(1e-3) / (1u64 << 20) as f64;
     tracing::info!(model = %model, replica = %replica, "prefetched {} in {} file(s) in {secs:.1} s ({rate:.0} MiB/s)", crate::core::status::bytes(outcome.progress.done_bytes), outcome.files);
-    let _ = jobs.send(Job { spec });
 }
 
 /// Looked up before fork: a child between fork and exec may only make async-signal-safe calls.

@@ -75,8 +75,6 @@ pub struct SpawnSpec {
     pub user: Option<String>,
     pub port: u16,
     pub gpus: Vec<String>,
-    /// Files to read into the page cache before the process starts.
-    pub prefetch: Vec<String>,
 }
 
 /// What a scrape of a model server's own metrics says about its queue.
@@ -203,6 +201,13 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     Spawn(SpawnSpec),
+    /// Read a replica's weight files into the page cache, from the moment it is wanted: the
+    /// read overlaps a restart back-off, a wait for GPU room, and the server's own loading.
+    Prefetch {
+        replica: ReplicaId,
+        model: String,
+        globs: Vec<String>,
+    },
     Signal {
         replica: ReplicaId,
         pid: u32,

@@ -348,15 +348,25 @@ fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_
         )
     );
     let mut h = Harness::new(&toml);
-    let spec = h
+    // The prefetch is asked for when the replica is created, before (and beside) its spawn.
+    let prefetch_at = h
         .log
         .iter()
-        .find_map(|a| match a {
-            Action::Spawn(s) => Some(s.clone()),
-            _ => None,
-        })
+        .position(|a| matches!(a, Action::Prefetch { .. }))
+        .expect("a prefetch");
+    let spawn_at = h
+        .log
+        .iter()
+        .position(|a| matches!(a, Action::Spawn(_)))
         .expect("a spawn");
-    assert_eq!(spec.prefetch, vec!["/w/*.safetensors", "/w/missing*"]);
+    assert!(prefetch_at < spawn_at);
+    let Action::Prefetch { globs, .. } = &h.log[prefetch_at] else {
+        unreachable!()
+    };
+    assert_eq!(globs, &vec!["/w/*.safetensors", "/w/missing*"]);
+    let Action::Spawn(spec) = h.log[spawn_at].clone() else {
+        unreachable!()
+    };
     let id = spec.replica.clone();
     let reason = |h: &Harness| {
         h.node.status(Some("m"), h.now).models[0].replicas[0]

@@ -1,5 +1,6 @@
-//! Weight prefetch progress: the shell reads a starting replica's `prefetch` files into the
-//! page cache and tells the core how far it got; the core only shows it (status `reason`).
+//! Weight prefetch progress: the shell reads a new replica's `prefetch` files into the page
+//! cache (asked by `Action::Prefetch` when the replica is created) and tells the core how far it
+//! got; the core only shows it (status `reason`) while the replica starts.
 
 use super::node::Node;
 use super::replica::{ReplicaId, ReplicaState};
@@ -17,7 +18,7 @@ impl Node {
             return;
         };
         // A late report for a replica that has moved on (warm, stopping) changes nothing.
-        if r.state != ReplicaState::Starting {
+        if !matches!(r.state, ReplicaState::Pending | ReplicaState::Starting) {
             return;
         }
         let mut reason = if done >= total {

@@ -221,9 +221,17 @@ impl Node {
         m.next_n += 1;
         let restarts = m.failures.len() as u32;
         let c = m.launch_config();
+        let globs = c.prefetch.clone();
         let r = Replica::new(model, n, &c.version, m.launch_spec(), now, restarts);
         let id = r.id.clone();
         self.replicas.insert(id.clone(), r);
+        if !globs.is_empty() {
+            out.push(Action::Prefetch {
+                replica: id.clone(),
+                model: model.to_string(),
+                globs,
+            });
+        }
         out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
             model: model.to_string(),
             replica: id.0,
@@ -333,7 +341,6 @@ impl Node {
             user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
-            prefetch: c.prefetch.clone(),
         }
     }
 
