@@ -2,6 +2,7 @@
 //! Nothing here performs I/O, reads a clock or spawns anything; time comes in with each event.
 //! The daemon and the simulator drive the same `Node`.
 
+mod capacity;
 mod event;
 mod gpu;
 #[cfg(test)]

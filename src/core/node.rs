@@ -278,14 +278,7 @@ impl Node {
                         format!("replica {rid} belongs to model {:?}", r.model),
                     ));
                 }
-                r.signal.record(sample);
-                if r.state == ReplicaState::Draining
-                    && sample.in_flight == 0
-                    && sample.queue_depth == 0
-                {
-                    let stop = r.id.clone();
-                    self.stop(&stop, "drained: no work in flight", false, now, out);
-                }
+                self.record_replica_sample(&rid, sample, now, out);
             }
             None => {
                 let m = self.models.get_mut(&report.model).expect("checked");
@@ -307,7 +300,17 @@ impl Node {
         let Some(r) = self.replicas.get_mut(id) else {
             return;
         };
-        r.signal.record(sample);
+        let served = r.signal.record(sample);
+        if let Some(m) = self.models.get_mut(&r.model) {
+            m.autoscaler
+                .observe_replica(sample.queue_depth, sample.in_flight);
+            if let Some((done, busy)) = served {
+                m.autoscaler.observe_served(now, done, busy);
+            }
+        }
+        let Some(r) = self.replicas.get(id) else {
+            return;
+        };
         if r.state == ReplicaState::Draining && sample.in_flight == 0 && sample.queue_depth == 0 {
             self.stop(id, "drained: no work in flight", false, now, out);
         }
@@ -350,7 +353,6 @@ impl Node {
         }
         let routed = self.count(model, ReplicaState::Routed);
         let signal = self.model_signal(model, now);
-        let service_rate = self.service_rate(model);
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
@@ -365,7 +367,6 @@ impl Node {
             signal,
             routed,
             desired: m.desired_routed,
-            service_rate,
             on_report,
         };
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {
@@ -495,17 +496,6 @@ impl Node {
             .filter(|r| r.model == model && r.state == ReplicaState::Routed)
             .map(|r| &r.signal);
         ModelSignal::combine(&m.model_wide, routed, now, m.config.scaling.stale_after)
-    }
-
-    /// Per-replica throughput while saturated, averaged over the routed replicas that were.
-    fn service_rate(&self, model: &str) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .replicas
-            .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
-            .filter_map(|r| r.signal.saturated_service_rate())
-            .collect();
-        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
     }
 
     // ---- routed set --------------------------------------------------------------------------

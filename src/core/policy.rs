@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::capacity::{replicas_needed, ReplicaCapacity, WAIT_TAIL};
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
@@ -21,14 +22,17 @@ const SMOOTHING: Duration = Duration::from_millis(500);
 const DAMPING: f64 = 0.5;
 /// After a scale-up, the next one waits this long, so the new capacity can show in the queue.
 const UP_SETTLE: Duration = Duration::from_secs(2);
-/// Scale-up sizes the fleet to run this busy at the measured arrival rate.
-const SIZING_UTILISATION: f64 = 0.85;
-/// Removing a replica must leave the rest at most this busy (by Little's law on measured rates).
-const DOWN_UTILISATION: f64 = 0.75;
+/// The arrival rate that sets the standing floor is averaged over this long.
+const LOAD_WINDOW: Duration = Duration::from_secs(30);
+/// Removing a replica must leave the rest with at most this share of arrivals waiting longer
+/// than the target: stricter than the share scale-up sizes for, so the two do not flap.
+const DOWN_WAIT_TAIL: f64 = WAIT_TAIL / 5.0;
 /// How far back the queue's trend is read.
 const TREND_SPAN: Duration = Duration::from_secs(2);
-/// Per-replica throughput is remembered with this weight per new estimate.
-const MU_WEIGHT: f64 = 0.3;
+/// Evidence of per-replica throughput fades with this time constant.
+const MU_MEMORY: Duration = Duration::from_secs(600);
+/// Completions needed before the service time is trusted.
+const MU_EVIDENCE: f64 = 20.0;
 /// Cold starts remembered for time-to-ready.
 const READY_TIMES: usize = 8;
 /// How long a peak of arrival-rate growth counts when sizing the automatic pool.
@@ -64,8 +68,13 @@ pub struct Autoscaler {
     /// When the signal began (for the first stabilization window).
     first_seen: Option<Time>,
     buckets: VecDeque<Bucket>,
-    /// Per-replica saturated throughput (requests/s), remembered between saturated episodes.
-    mu: Option<f64>,
+    /// Service time (s): busy slot-seconds over completions (Little's law on the requests
+    /// running), both decaying with `MU_MEMORY`, so it follows a changing workload.
+    service: Option<(Time, f64, f64)>,
+    /// Requests one replica serves at once, as seen while it had a queue.
+    slots: Option<u32>,
+    /// The most requests seen running at once on one replica: a lower bound on `slots`.
+    max_running: u32,
     /// Arrival rate per second, for growth.
     rates: VecDeque<(Time, f64)>,
     /// Peak growth of the arrival rate (requests/s per second) and when it was seen.
@@ -88,8 +97,6 @@ pub struct Inputs<'a> {
     pub routed: u32,
     /// What the policy asked for last.
     pub desired: u32,
-    /// Per-replica saturated throughput measured now, if any replica was saturated.
-    pub service_rate: Option<f64>,
     /// The call comes from a report (true) or the tick (false).
     pub on_report: bool,
 }
@@ -115,17 +122,43 @@ impl Autoscaler {
     /// of the arrival rate for as long as a cold start takes (the seed formula). One replica until
     /// there is data to size it.
     pub fn auto_pool(&self) -> u32 {
-        match (self.peak_growth, self.time_to_ready, self.mu) {
-            (Some((_, growth)), Some(ttr), Some(mu)) if mu > 0.0 => {
+        match (
+            self.peak_growth,
+            self.time_to_ready,
+            self.capacity().map(|c| c.mu),
+        ) {
+            (Some((_, growth)), Some(ttr), Some(mu)) => {
                 ((growth * ttr.as_secs_f64()) / mu).ceil().max(1.0) as u32
             }
             _ => 1,
         }
     }
 
-    /// Per-replica throughput as remembered.
-    pub fn service_rate(&self) -> Option<f64> {
-        self.mu
+    /// A replica's report: what it runs at once while it has a queue is its slot count.
+    pub fn observe_replica(&mut self, queue_depth: u64, in_flight: u64) {
+        let running = in_flight.saturating_sub(queue_depth) as u32;
+        self.max_running = self.max_running.max(running);
+        if queue_depth > 0 {
+            self.slots = Some(self.slots.map_or(running, |s| s.max(running)));
+        }
+    }
+
+    /// A replica completed `done` requests over `busy` slot-seconds of running them.
+    pub fn observe_served(&mut self, now: Time, done: u64, busy: f64) {
+        let (done_sum, busy_sum) = match self.service {
+            Some((at, d, b)) => {
+                let keep = (-now.since(at).as_secs_f64() / MU_MEMORY.as_secs_f64()).exp();
+                (d * keep + done as f64, b * keep + busy)
+            }
+            None => (done as f64, busy),
+        };
+        self.service = Some((now, done_sum, busy_sum));
+    }
+
+    /// Mean service time, once enough completions were seen to trust it.
+    fn service_time(&self) -> Option<f64> {
+        let (_, done, busy) = self.service?;
+        (done >= MU_EVIDENCE && busy > 0.0).then(|| busy / done)
     }
 
     pub fn evaluate(&mut self, inp: &Inputs) -> Option<Decision> {
@@ -135,12 +168,6 @@ impl Autoscaler {
                 to: desired,
                 reason: format!("kept within min {} and max {}", inp.min, inp.max),
             });
-        }
-        if let Some(mu) = inp.service_rate {
-            self.mu = Some(
-                self.mu
-                    .map_or(mu, |old| old * (1.0 - MU_WEIGHT) + mu * MU_WEIGHT),
-            );
         }
         // No fresh signal: hold. Silence is not calm.
         let sig = inp.signal?;
@@ -173,7 +200,54 @@ impl Autoscaler {
         if wait > target_ms {
             return self.scale_up(inp, &sig, wait, target_ms, desired);
         }
+        if let Some(d) = self.keep_up_with_arrivals(inp, &sig, desired) {
+            return Some(d);
+        }
         self.scale_down(inp, target_ms, desired)
+    }
+
+    /// Little's law as a standing floor: where rates are known, the routed count never falls
+    /// short of what the arrival rate (averaged over `LOAD_WINDOW`, so noise does not ratchet
+    /// the fleet up) needs for the wait target — before the wait shows the shortfall.
+    fn keep_up_with_arrivals(
+        &mut self,
+        inp: &Inputs,
+        sig: &ModelSignal,
+        desired: u32,
+    ) -> Option<Decision> {
+        let now = inp.now;
+        if desired >= inp.max
+            || self
+                .last_up
+                .is_some_and(|t| now.since(t) < UP_SETTLE || sig.at <= t)
+        {
+            return None;
+        }
+        let cap = self.capacity()?;
+        let rates: Vec<f64> = self
+            .window(now, LOAD_WINDOW)
+            .filter_map(|b| b.rate)
+            .collect();
+        if rates.len() < LOAD_WINDOW.as_secs() as usize / 2 {
+            return None;
+        }
+        let lambda = rates.iter().sum::<f64>() / rates.len() as f64;
+        let target = inp.scaling.target_wait.as_secs_f64();
+        let need = replicas_needed(lambda, cap, target, WAIT_TAIL, inp.max);
+        let to = need.min(desired + inp.scaling.max_up_step).min(inp.max);
+        if to <= desired {
+            return None;
+        }
+        self.last_up = Some(now);
+        Some(Decision {
+            to,
+            reason: format!(
+                "arrivals {lambda:.1}/s need {need} replicas to keep {:.0} % of waits under {} ({})",
+                (1.0 - WAIT_TAIL) * 100.0,
+                super::node::fmt_dur(inp.scaling.target_wait),
+                describe(cap)
+            ),
+        })
     }
 
     /// Fast attack, smoothed release: a rise counts at once (the report that shows the need
@@ -309,19 +383,37 @@ impl Autoscaler {
         Some(Decision { to: capped, reason })
     }
 
-    /// Little's law: the replicas that serve the arrival rate at `SIZING_UTILISATION`, plus
+    /// Little's law: the replicas that serve the arrival rate within the wait target, plus
     /// those that drain the backlog — as it will stand when new capacity is ready (it grows
     /// while the routed replicas fall short) — within one time-to-ready after that.
     fn littles_floor(&self, inp: &Inputs, sig: &ModelSignal) -> Option<u32> {
-        let (lambda, mu) = (sig.arrival_rate?, self.mu?);
-        if mu <= 0.0 {
+        let (lambda, cap) = (sig.arrival_rate?, self.capacity()?);
+        let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
+        let target = inp.scaling.target_wait.as_secs_f64();
+        let horizon = ttr.max(target);
+        let shortfall = (lambda - inp.routed as f64 * cap.mu).max(0.0);
+        let backlog = sig.queue_depth as f64 + shortfall * ttr;
+        Some(replicas_needed(
+            lambda + backlog / horizon,
+            cap,
+            target,
+            WAIT_TAIL,
+            inp.max,
+        ))
+    }
+
+    /// What one replica can do, once measured: its slots (or, until it was seen saturated,
+    /// the most it ran at once) over the service time.
+    pub fn capacity(&self) -> Option<ReplicaCapacity> {
+        let slots = self.slots.unwrap_or(self.max_running);
+        if slots == 0 {
             return None;
         }
-        let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
-        let horizon = ttr.max(inp.scaling.target_wait.as_secs_f64());
-        let shortfall = (lambda - inp.routed as f64 * mu).max(0.0);
-        let backlog = sig.queue_depth as f64 + shortfall * ttr;
-        Some(((lambda + backlog / horizon) / (mu * SIZING_UTILISATION)).ceil() as u32)
+        let mu = slots as f64 / self.service_time()?;
+        Some(ReplicaCapacity {
+            mu,
+            slots: self.slots,
+        })
     }
 
     /// Seconds until the queue empties at its current rate of decline, if it is declining.
@@ -382,17 +474,13 @@ impl Autoscaler {
         }
         // Not busy: the average load must fit in one replica fewer.
         let rates: Vec<f64> = window.iter().filter_map(|b| b.rate).collect();
-        let fits = match (rates.is_empty(), self.mu) {
-            (false, Some(mu)) if mu > 0.0 => {
+        let fits = match (rates.is_empty(), self.capacity()) {
+            (false, Some(cap)) => {
                 let lambda = rates.iter().sum::<f64>() / rates.len() as f64;
-                let after = lambda / (mu * (desired - 1) as f64);
-                (after <= DOWN_UTILISATION).then(|| {
-                    format!(
-                        "load {lambda:.1}/s fits {} replicas at {:.0} %",
-                        desired - 1,
-                        after * 100.0
-                    )
-                })
+                let target = s.target_wait.as_secs_f64();
+                let need = replicas_needed(lambda, cap, target, DOWN_WAIT_TAIL, inp.max);
+                (need < desired)
+                    .then(|| format!("load {lambda:.1}/s needs {need} ({})", describe(cap)))
             }
             // Without rates, the queue must have been empty on average.
             _ => {
@@ -411,5 +499,12 @@ impl Autoscaler {
                 calm_ms
             ),
         })
+    }
+}
+
+fn describe(cap: ReplicaCapacity) -> String {
+    match cap.slots {
+        Some(k) => format!("{:.2}/s per replica, {k} at once", cap.mu),
+        None => format!("{:.2}/s per replica", cap.mu),
     }
 }

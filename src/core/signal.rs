@@ -43,13 +43,21 @@ pub struct ReplicaSignal {
 }
 
 impl ReplicaSignal {
-    pub fn record(&mut self, s: Sample) {
+    /// Records a sample; returns the completions and the busy slot-seconds (requests running,
+    /// averaged over the interval, times its length) of the interval it closes: by Little's law
+    /// their ratio is the service time. Each interval is returned once.
+    pub fn record(&mut self, s: Sample) -> Option<(u64, f64)> {
+        let mut served = None;
         // A counter that went backwards means the reporter restarted: old deltas are meaningless.
         if let Some(last) = self.history.back() {
             let reset = matches!((last.arrived, s.arrived), (Some(a), Some(b)) if b < a)
                 || matches!((last.completed, s.completed), (Some(a), Some(b)) if b < a);
             if reset {
                 self.history.clear();
+            } else if let (Some(a), Some(b)) = (last.completed, s.completed) {
+                let running = |x: &Sample| x.in_flight.saturating_sub(x.queue_depth) as f64;
+                let busy = (running(last) + running(&s)) / 2.0 * s.at.since(last.at).as_secs_f64();
+                served = Some((b - a, busy));
             }
         }
         self.history.push_back(s);
@@ -60,6 +68,7 @@ impl ReplicaSignal {
                 break;
             }
         }
+        served
     }
 
     pub fn last(&self) -> Option<&Sample> {
@@ -86,24 +95,6 @@ impl ReplicaSignal {
             first.at,
             last.at,
         ))
-    }
-
-    /// Completions per second while saturated (a queue at both ends of an interval): what one
-    /// replica can do, not what it was asked to do.
-    pub fn saturated_service_rate(&self) -> Option<f64> {
-        let mut done = 0u64;
-        let mut secs = 0.0;
-        for w in self.history.iter().collect::<Vec<_>>().windows(2) {
-            let (a, b) = (w[0], w[1]);
-            if a.queue_depth == 0 || b.queue_depth == 0 {
-                continue;
-            }
-            if let (Some(ca), Some(cb)) = (a.completed, b.completed) {
-                done += cb.saturating_sub(ca);
-                secs += b.at.since(a.at).as_secs_f64();
-            }
-        }
-        (secs >= 0.5 && done > 0).then(|| done as f64 / secs)
     }
 }
 
@@ -189,19 +180,24 @@ mod tests {
     #[test]
     fn rates_come_from_counter_deltas() {
         let mut sig = ReplicaSignal::default();
-        sig.record(s(0, 0.0, 2, 100, 50));
-        sig.record(s(1000, 0.0, 3, 110, 58));
-        sig.record(s(2000, 0.0, 4, 120, 66));
+        // in_flight = depth here (see `s`): nothing counted as running, no busy time.
+        assert_eq!(sig.record(s(0, 0.0, 2, 100, 50)), None);
+        assert_eq!(sig.record(s(1000, 0.0, 3, 110, 58)), Some((8, 0.0)));
+        let mut x = s(2000, 0.0, 4, 120, 66);
+        x.in_flight = 12;
+        assert_eq!(
+            sig.record(x),
+            Some((8, 4.0)),
+            "8 running at the end, 0 at the start"
+        );
         assert_eq!(sig.arrival_rate(), Some(10.0));
-        assert_eq!(sig.saturated_service_rate(), Some(8.0));
     }
 
     #[test]
-    fn idle_intervals_do_not_count_as_capacity() {
+    fn intervals_report_completions_and_busy_time() {
         let mut sig = ReplicaSignal::default();
         sig.record(s(0, 0.0, 0, 0, 0));
-        sig.record(s(1000, 0.0, 0, 1, 1));
-        assert_eq!(sig.saturated_service_rate(), None);
+        assert_eq!(sig.record(s(1000, 0.0, 0, 1, 1)), Some((1, 0.0)));
     }
 
     #[test]

@@ -188,11 +188,6 @@ impl HearthDriver {
                     self.state.insert(r, state);
                 }
             }
-            Action::Log { message, .. }
-                if std::env::var_os("SIMDBG").is_some() && message.starts_with("scale") =>
-            {
-                eprintln!("{:8.1} {message}", sim.now as f64 / 1e6);
-            }
             _ => {}
         }
     }
