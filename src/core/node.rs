@@ -352,6 +352,11 @@ impl Node {
             return;
         }
         let routed = self.count(model, ReplicaState::Routed);
+        let warm = self
+            .replicas
+            .values()
+            .filter(|r| r.model == model && r.promotable())
+            .count() as u32;
         let signal = self.model_signal(model, now);
         let Some(m) = self.models.get_mut(model) else {
             return;
@@ -367,6 +372,7 @@ impl Node {
             signal,
             routed,
             desired: m.desired_routed,
+            warm,
             on_report,
         };
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {

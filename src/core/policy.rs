@@ -81,6 +81,10 @@ pub struct Autoscaler {
     peak_growth: Option<(Time, f64)>,
     time_to_ready: Option<Duration>,
     ready_times: VecDeque<Duration>,
+    /// What the busiest second of the last `down_stabilization` needed, for the wait target.
+    peak_need: Option<u32>,
+    /// The wait has been over target since (this episode).
+    over_since: Option<Time>,
     /// The model has shown no work since.
     idle_since: Option<Time>,
 }
@@ -97,6 +101,8 @@ pub struct Inputs<'a> {
     pub routed: u32,
     /// What the policy asked for last.
     pub desired: u32,
+    /// Warm replicas ready to be promoted.
+    pub warm: u32,
     /// The call comes from a report (true) or the tick (false).
     pub on_report: bool,
 }
@@ -116,6 +122,13 @@ impl Autoscaler {
         }
         // Planning wants the slow case: the longest of the recent cold starts.
         self.time_to_ready = self.ready_times.iter().max().copied();
+    }
+
+    /// Routed replicas beyond what the busiest recent second needed (and one more): already
+    /// serving, they are headroom as a warm replica would be, so the pool need not hold them too.
+    pub fn spare_routed(&self, desired: u32) -> u32 {
+        self.peak_need
+            .map_or(0, |need| desired.saturating_sub(need + 1))
     }
 
     /// The warm pool `warm_pool = "auto"` asks for: enough to absorb the steepest recent growth
@@ -175,6 +188,14 @@ impl Autoscaler {
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
         self.record(now, &sig, wait);
+        self.peak_need = self.capacity().and_then(|cap| {
+            let peak = self
+                .window(now, inp.scaling.down_stabilization)
+                .filter_map(|b| b.rate)
+                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))?;
+            let target = inp.scaling.target_wait.as_secs_f64();
+            Some(replicas_needed(peak, cap, target, WAIT_TAIL, inp.max))
+        });
         let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
         let working =
             sig.in_flight > 0 || sig.queue_depth > 0 || sig.arrival_rate.is_some_and(|r| r > 0.0);
@@ -198,8 +219,10 @@ impl Autoscaler {
         }
 
         if wait > target_ms {
+            self.over_since.get_or_insert(now);
             return self.scale_up(inp, &sig, wait, target_ms, desired);
         }
+        self.over_since = None;
         if let Some(d) = self.keep_up_with_arrivals(inp, &sig, desired) {
             return Some(d);
         }
@@ -344,12 +367,16 @@ impl Autoscaler {
             return None;
         }
         let target_s = target_ms / 1000.0;
-        // The trend guard: a queue that is already emptying fast enough needs no new replicas
-        // (they would arrive after the work is done).
+        // The trend guard: a queue that is already emptying fast enough needs no new replicas.
+        // Within the target: none at all. Before a cold start could finish: no cold ones (they
+        // would arrive after the work is done), but warm ones still shorten it.
+        let mut warm_only = false;
         if let Some(clear_s) = self.clear_time(now, sig) {
             if clear_s <= target_s {
                 return None;
             }
+            let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
+            warm_only = clear_s <= ttr;
         }
         let ratio = wait / target_ms;
         // The wait law acts only when all the capacity asked for is serving: while cold
@@ -361,7 +388,10 @@ impl Autoscaler {
             (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32
         });
         let by_rate = self.littles_floor(inp, sig);
-        let want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
+        let mut want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
+        if warm_only {
+            want = want.min(desired + inp.warm);
+        }
         let capped = want.min(desired + inp.scaling.max_up_step).min(inp.max);
         if capped <= desired {
             return None;
@@ -391,8 +421,15 @@ impl Autoscaler {
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
         let horizon = ttr.max(target);
-        let shortfall = (lambda - inp.routed as f64 * cap.mu).max(0.0);
-        let backlog = sig.queue_depth as f64 + shortfall * ttr;
+        // The shortfall of what can serve within milliseconds (routed and warm), projected as
+        // long as it has lasted so far, up to a cold start: a burst seconds old is more likely to
+        // end within seconds than to outlast a cold start.
+        let serving = (inp.routed + inp.warm) as f64 * cap.mu;
+        let shortfall = (lambda - serving).max(0.0);
+        let lasted = self
+            .over_since
+            .map_or(0.0, |t| inp.now.since(t).as_secs_f64());
+        let backlog = sig.queue_depth as f64 + shortfall * lasted.min(ttr);
         Some(replicas_needed(
             lambda + backlog / horizon,
             cap,

@@ -338,6 +338,7 @@ fn auto_pool_sizes_headroom_from_growth_time_to_ready_and_throughput() {
             signal: Some(sig),
             routed: 40,
             desired: 40,
+            warm: 0,
             on_report: true,
         };
         a.evaluate(&inp);

@@ -63,6 +63,17 @@ impl Node {
         pool.min(m.max().saturating_sub(m.desired_routed))
     }
 
+    /// The pool to fill (by launches and by unrouting): smaller than `desired_warm` while
+    /// routed replicas beyond the recent need already serve as headroom. Warm replicas above it
+    /// are kept, not stopped: a dip in load must not turn into cold starts when it ends.
+    fn pool_to_fill(&self, model: &str) -> u32 {
+        let Some(m) = self.models.get(model) else {
+            return 0;
+        };
+        self.desired_warm(model)
+            .saturating_sub(m.autoscaler.spare_routed(m.desired_routed))
+    }
+
     fn reconcile_model(&mut self, name: &str, now: Time, out: &mut Vec<Action>) {
         let Some(m) = self.models.get(name) else {
             return;
@@ -74,6 +85,7 @@ impl Node {
         };
         let max = if m.removed { 0 } else { m.max() };
         let pool = self.desired_warm(name);
+        let fill = self.pool_to_fill(name);
         let recheck = m.config.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
@@ -135,7 +147,7 @@ impl Node {
             let Some(id) = self.pick_least_busy_routed(name) else {
                 break;
             };
-            if c.warm < pool {
+            if c.warm < fill {
                 self.set_state(&id, ReplicaState::Warm, now, out);
                 let r = self.replicas.get_mut(&id).expect("present");
                 r.next_probe = now + recheck;
@@ -156,14 +168,15 @@ impl Node {
         // Replicas on their way (warm, starting, pending) should cover the routed deficit plus
         // the pool, within max.
         let coming = c.warm + c.starting + c.pending;
-        let need = desired.saturating_sub(c.routed) + pool;
+        let need = desired.saturating_sub(c.routed) + fill;
+        let keep = desired.saturating_sub(c.routed) + pool;
         if coming < need {
             let room = max.saturating_sub(c.routed + coming);
             for _ in 0..(need - coming).min(room) {
                 self.create_pending(name, now, out);
             }
-        } else if coming > need {
-            let mut surplus = coming - need;
+        } else if coming > keep {
+            let mut surplus = coming - keep;
             for state in [
                 ReplicaState::Pending,
                 ReplicaState::Starting,

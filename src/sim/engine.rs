@@ -37,6 +37,8 @@ pub struct Params {
     pub target_wait: Us,
     pub min: u32,
     pub max: u32,
+    /// Print hearth's scale decisions (time, from → to, reason) to stderr as they happen.
+    pub decisions: bool,
 }
 
 /// One point of the per-second time series (for plots).

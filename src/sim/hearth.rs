@@ -41,6 +41,8 @@ pub struct HearthDriver {
     next_request: u64,
     next_pid: u32,
     scale_actions: u64,
+    /// `hearth` or `hearth-nopool`, for `--decisions`.
+    label: &'static str,
 }
 
 fn time(us: Us) -> Time {
@@ -72,6 +74,7 @@ impl HearthDriver {
             next_request: 1,
             next_pid: 1000,
             scale_actions: 0,
+            label: if pool { "hearth" } else { "hearth-nopool" },
         }
     }
 
@@ -177,8 +180,19 @@ impl HearthDriver {
                 }
                 self.routed = now;
             }
-            Action::Publish(WatchEvent::Scale { .. }) if sim.now >= sim.p.warmup => {
-                self.scale_actions += 1;
+            Action::Publish(WatchEvent::Scale {
+                from, to, reason, ..
+            }) => {
+                if sim.p.decisions {
+                    eprintln!(
+                        "{:>9.1} s  {:<14} {from} → {to}: {reason}",
+                        sim.now as f64 / 1e6,
+                        self.label
+                    );
+                }
+                if sim.now >= sim.p.warmup {
+                    self.scale_actions += 1;
+                }
             }
             Action::Publish(WatchEvent::Replica { replica, state, .. }) => {
                 if let Some(&r) = self.by_id.get(&replica) {

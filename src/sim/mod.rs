@@ -165,6 +165,9 @@ pub struct SimArgs {
     /// Write an SVG of arrival rate, oldest wait and replicas over time
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Print hearth's scale decisions (time, from → to, reason) to stderr as they happen
+    #[arg(long)]
+    pub decisions: bool,
 }
 
 /// Everything a simulation needs besides the workload.
@@ -211,6 +214,7 @@ impl Setup {
             target_wait: us(s.target_wait),
             min: s.min,
             max: s.max,
+            decisions: false,
         };
         let targets = Targets {
             concurrency,
@@ -394,7 +398,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return usage(e),
     };
-    let setup = match Setup::new(
+    let mut setup = match Setup::new(
         config,
         &a.model,
         a.concurrency,
@@ -406,6 +410,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
+    setup.params.decisions = a.decisions;
     let started = std::time::Instant::now();
     let (report, runs) = simulate(&setup, &w, &policies);
     let elapsed = started.elapsed();

@@ -127,6 +127,7 @@ fn params(warmup: Us) -> Params {
         target_wait: 2 * SEC,
         min: 1,
         max: 1,
+        decisions: false,
     }
 }
 
