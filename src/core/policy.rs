@@ -387,7 +387,16 @@ impl Autoscaler {
             let base = inp.routed.max(1) as f64;
             (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32
         });
-        let by_rate = self.littles_floor(inp, sig);
+        // More cold capacity while some is already on its way only once the shortfall has
+        // outlasted a quarter of a cold start: a clump of seconds is over before any of it
+        // could serve, and would leave it idle for a whole stabilization window.
+        let lasted = self.over_since.map_or(0.0, |t| now.since(t).as_secs_f64());
+        let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
+        let by_rate = if on_the_way > 0 && lasted < ttr / 8.0 {
+            None
+        } else {
+            self.littles_floor(inp, sig)
+        };
         let mut want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
         if warm_only {
             want = want.min(desired + inp.warm);
@@ -418,18 +427,20 @@ impl Autoscaler {
     /// while the routed replicas fall short) — within one time-to-ready after that.
     fn littles_floor(&self, inp: &Inputs, sig: &ModelSignal) -> Option<u32> {
         let (lambda, cap) = (sig.arrival_rate?, self.capacity()?);
+        // Over target, believe a rise at once, as the wait is.
+        let lambda = lambda.max(sig.arrival_rate_recent.unwrap_or(0.0));
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
         let horizon = ttr.max(target);
         // The shortfall of what can serve within milliseconds (routed and warm), projected as
         // long as it has lasted so far, up to a cold start: a burst seconds old is more likely to
         // end within seconds than to outlast a cold start.
-        let serving = (inp.routed + inp.warm) as f64 * cap.mu;
+        let serving = inp.routed as f64 * cap.mu;
         let shortfall = (lambda - serving).max(0.0);
         let lasted = self
             .over_since
             .map_or(0.0, |t| inp.now.since(t).as_secs_f64());
-        let backlog = sig.queue_depth as f64 + shortfall * lasted.min(ttr);
+        let backlog = sig.queue_depth as f64 + shortfall * ttr + 0.0 * lasted;
         Some(replicas_needed(
             lambda + backlog / horizon,
             cap,

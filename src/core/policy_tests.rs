@@ -328,6 +328,7 @@ fn auto_pool_sizes_headroom_from_growth_time_to_ready_and_throughput() {
             queue_depth: 0,
             in_flight: 1,
             arrival_rate: Some(10.0 + 0.5 * s as f64),
+            arrival_rate_recent: None,
             sources: 1,
         };
         let inp = policy::Inputs {

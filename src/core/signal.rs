@@ -9,6 +9,8 @@ use crate::protocol::Report;
 
 /// How far back counters are kept to estimate rates.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// The recent arrival rate looks this far back.
+const RECENT_SPAN: Duration = Duration::from_secs(3);
 /// An arrival rate needs counters this far apart: shorter spans read sub-second clumps of a
 /// bursty trace as sustained load.
 const MIN_RATE_SPAN: Duration = Duration::from_secs(2);
@@ -88,7 +90,15 @@ impl ReplicaSignal {
 
     /// Arrivals counted over the window: how many, from when, to when.
     fn arrivals(&self) -> Option<(u64, Time, Time)> {
-        let first = self.history.iter().find(|s| s.arrived.is_some())?;
+        self.arrivals_since(Time::ZERO)
+    }
+
+    /// Arrivals counted between the first sample at or after `from` and the last.
+    fn arrivals_since(&self, from: Time) -> Option<(u64, Time, Time)> {
+        let first = self
+            .history
+            .iter()
+            .find(|s| s.arrived.is_some() && s.at >= from)?;
         let last = self.history.iter().rev().find(|s| s.arrived.is_some())?;
         Some((
             last.arrived?.saturating_sub(first.arrived?),
@@ -109,6 +119,8 @@ pub struct ModelSignal {
     pub in_flight: u64,
     /// Arrivals/s, when counters allow.
     pub arrival_rate: Option<f64>,
+    /// Arrivals/s over the last few seconds only: a step shows here first.
+    pub arrival_rate_recent: Option<f64>,
     /// How many sources contributed.
     pub sources: u32,
 }
@@ -127,6 +139,12 @@ impl ModelSignal {
                 queue_depth: s.queue_depth,
                 in_flight: s.in_flight,
                 arrival_rate: model_wide.arrival_rate(),
+                arrival_rate_recent: model_wide.arrivals_since(now - RECENT_SPAN).and_then(
+                    |(n, from, to)| {
+                        let secs = to.since(from).as_secs_f64();
+                        (secs >= MIN_RATE_SPAN.as_secs_f64()).then(|| n as f64 / secs)
+                    },
+                ),
                 sources: 1,
             });
         }
@@ -134,6 +152,7 @@ impl ModelSignal {
         // Arrivals add up as counts over one span, not as rates: a replica routed a second ago
         // saw a second's worth of the model's arrivals, not a second's worth of the rate.
         let mut arrived: Option<(u64, Time, Time)> = None;
+        let mut recent: Option<(u64, Time, Time)> = None;
         for sig in routed {
             let Some(s) = sig.fresh(now, stale_after) else {
                 continue;
@@ -147,16 +166,24 @@ impl ModelSignal {
             o.queue_depth += s.queue_depth;
             o.in_flight += s.in_flight;
             o.sources += 1;
-            if let Some((n, from, to)) = sig.arrivals() {
-                let a = arrived.get_or_insert((0, from, to));
-                *a = (a.0 + n, a.1.min(from), a.2.max(to));
+            for (acc, got) in [
+                (&mut arrived, sig.arrivals()),
+                (&mut recent, sig.arrivals_since(now - RECENT_SPAN)),
+            ] {
+                if let Some((n, from, to)) = got {
+                    let a = acc.get_or_insert((0, from, to));
+                    *a = (a.0 + n, a.1.min(from), a.2.max(to));
+                }
             }
         }
-        if let (Some(o), Some((n, from, to))) = (out.as_mut(), arrived) {
+        let rate = |c: Option<(u64, Time, Time)>| {
+            let (n, from, to) = c?;
             let secs = to.since(from).as_secs_f64();
-            if secs >= MIN_RATE_SPAN.as_secs_f64() {
-                o.arrival_rate = Some(n as f64 / secs);
-            }
+            (secs >= MIN_RATE_SPAN.as_secs_f64()).then(|| n as f64 / secs)
+        };
+        if let Some(o) = out.as_mut() {
+            o.arrival_rate = rate(arrived);
+            o.arrival_rate_recent = rate(recent);
         }
         out
     }
