@@ -381,3 +381,106 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
     assert_eq!(bad["error"], "bad_request", "min above max is refused");
     assert_eq!(desired(&h), 3, "and changes nothing");
 }
+
+/// Feeds every routed replica a saturated report for `secs` seconds: 8 run at once, `rate`
+/// arrive per second in all, each replica completes `per_replica` a second.
+fn saturated(
+    h: &mut Harness,
+    secs: u64,
+    wait: f64,
+    rate: u64,
+    per_replica: u64,
+    counters: &mut std::collections::BTreeMap<String, (u64, u64)>,
+) -> Vec<Action> {
+    let before = h.log.len();
+    for _ in 0..secs {
+        let routed = h.in_state("m", ReplicaState::Routed);
+        let n = routed.len() as u64;
+        for id in routed {
+            let c = counters.entry(id.0.clone()).or_default();
+            c.0 += rate / n;
+            c.1 += per_replica;
+            let r = Report {
+                model: "m".into(),
+                replica: Some(id.0.clone()),
+                oldest_wait_ms: Some(wait),
+                queue_depth: Some(4),
+                in_flight: Some(12),
+                arrived: Some(c.0),
+                completed: Some(c.1),
+            };
+            h.request(Peer::trusted(), Request::Report(r));
+        }
+        h.advance(Duration::from_secs(1));
+    }
+    h.log[before..].to_vec()
+}
+
+#[test]
+fn a_clump_of_seconds_does_not_order_cold_replicas_twice_but_a_lasting_shortfall_does() {
+    let mut h = scaled(
+        &DEFAULT
+            .replace("max = 10", "max = 30")
+            .replace("max_up_step = 4", "max_up_step = 30"),
+    );
+    h.node
+        .models
+        .get_mut("m")
+        .unwrap()
+        .autoscaler
+        .observe_time_to_ready(Duration::from_secs(60));
+    let mut counters = Default::default();
+    // Learn the service: 4/s per replica at 8 at once, just under target.
+    let out = saturated(&mut h, 25, 100.0, 8, 4, &mut counters);
+    bring_up(&mut h, out);
+    // A clump: 40/s, over target. The first step promotes the warm one and orders cold ones.
+    let out = saturated(&mut h, 3, 900.0, 40, 4, &mut counters);
+    let first = scale_events(&out);
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Cold ones are on their way; 5 s into the shortfall (< 60 s / 8) nothing more is ordered.
+    let out = saturated(&mut h, 3, 1500.0, 40, 4, &mut counters);
+    assert!(scale_events(&out).is_empty(), "{:?}", scale_events(&out));
+    // Past 7.5 s the shortfall is not a clump: Little's law may order more.
+    let out = saturated(&mut h, 4, 2500.0, 40, 4, &mut counters);
+    let more = scale_events(&out);
+    assert!(
+        more.iter().all(|(f, t)| t > f) && !more.is_empty(),
+        "{more:?}"
+    );
+}
+
+#[test]
+fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
+    let mut h = scaled(&DEFAULT.replace("max = 10", "max = 12"));
+    let mut counters = Default::default();
+    saturated(&mut h, 25, 100.0, 8, 4, &mut counters);
+    // The operator asks for 9 routed; the load (8/s at 4/s each) needs 3.
+    let before = h.log.len();
+    h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(9),
+            max: None,
+            warm_pool: None,
+        },
+    );
+    let out = h.log[before..].to_vec();
+    bring_up(&mut h, out);
+    for id in h.in_state("m", ReplicaState::Starting) {
+        h.warm(&id);
+    }
+    // The pool is not refilled while six spare routed replicas stand ready.
+    let st = h.node.status(Some("m"), h.now);
+    let states: Vec<_> = st.models[0]
+        .replicas
+        .iter()
+        .map(|r| r.state.clone())
+        .collect();
+    assert!(st.models[0].routed >= 9, "{states:?}");
+    assert_eq!(h.node.pool_to_fill("m"), 0);
+    assert!(
+        st.models[0].desired_warm > 0,
+        "warm replicas there are kept, not stopped"
+    );
+}

@@ -66,7 +66,7 @@ impl Node {
     /// The pool to fill (by launches and by unrouting): smaller than `desired_warm` while
     /// routed replicas beyond the recent need already serve as headroom. Warm replicas above it
     /// are kept, not stopped: a dip in load must not turn into cold starts when it ends.
-    fn pool_to_fill(&self, model: &str) -> u32 {
+    pub(super) fn pool_to_fill(&self, model: &str) -> u32 {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
