@@ -128,6 +128,12 @@ pub struct ModelSpec {
     pub liveness: Option<Liveness>,
     pub stop_grace: &'static str,
     pub drain_timeout: &'static str,
+    /// `[model.scaling]` timings (defaults: 2s, 10m, 5m; the config's defaults for the rest).
+    pub target_wait: &'static str,
+    pub down_stabilization: &'static str,
+    pub down_step: &'static str,
+    pub stale_after: Option<&'static str>,
+    pub max_up_step: Option<u32>,
 }
 
 impl ModelSpec {
@@ -150,6 +156,11 @@ impl ModelSpec {
             liveness: None,
             stop_grace: "2s",
             drain_timeout: "30s",
+            target_wait: "2s",
+            down_stabilization: "10m",
+            down_step: "5m",
+            stale_after: None,
+            max_up_step: None,
         }
     }
 
@@ -188,13 +199,23 @@ impl ModelSpec {
             ));
         }
         s.push_str(&format!(
-            "[model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = \"2s\"\n\
-             down_stabilization = \"10m\"\ndown_step = \"5m\"\ndrain_timeout = {}\n\n",
+            "[model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = {}\n\
+             down_stabilization = {}\ndown_step = {}\ndrain_timeout = {}\n",
             self.min,
             self.max,
             self.warm_pool,
+            q(self.target_wait),
+            q(self.down_stabilization),
+            q(self.down_step),
             q(self.drain_timeout),
         ));
+        if let Some(v) = self.stale_after {
+            s.push_str(&format!("stale_after = {}\n", q(v)));
+        }
+        if let Some(v) = self.max_up_step {
+            s.push_str(&format!("max_up_step = {v}\n"));
+        }
+        s.push('\n');
         s
     }
 }
@@ -543,10 +564,20 @@ impl Daemon {
     }
 
     pub fn start_with(opts: DaemonOpts, models: &[ModelSpec]) -> Daemon {
-        let dir = tempfile::Builder::new()
+        Daemon::start_in(Daemon::temp_dir(), opts, models)
+    }
+
+    /// A temporary directory for a daemon (socket, state, log), for callers that need to know
+    /// the socket's path before the daemon starts (`dir/hearth.sock`).
+    pub fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
             .prefix("hearth-it-")
             .tempdir()
-            .expect("temp dir");
+            .expect("temp dir")
+    }
+
+    /// Like `start_with`, in a directory the caller made (see `temp_dir`).
+    pub fn start_in(dir: tempfile::TempDir, opts: DaemonOpts, models: &[ModelSpec]) -> Daemon {
         let ports = free_ports(opts.ports);
         let text = config_text(dir.path(), ports, &opts, models);
         let config_path = dir.path().join("config.toml");
