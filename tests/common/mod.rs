@@ -318,6 +318,49 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+// ---- measurement (benchmarks) -------------------------------------------------------------------
+
+/// User + system CPU time of a process so far (from /proc/PID/stat, in clock ticks).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    // utime and stime are fields 14 and 15 of the whole line; [0] here is field 3 (state).
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Clock ticks per second (the unit of `cpu_ticks`).
+pub fn clk_tck() -> f64 {
+    // SAFETY: plain libc query.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// Resident set size (VmRSS) in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The load averages as /proc/loadavg shows them ("1.23 0.98 0.75"), and the CPU count.
+pub fn machine_load() -> String {
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("load average {} on {cpus} CPUs", load.join(" "))
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
 // ---- socket -----------------------------------------------------------------------------------
 
 /// One control-socket connection: JSON lines each way.
