@@ -383,6 +383,11 @@ impl Conn {
         self.writer.set_write_timeout(t)
     }
 
+    /// Another handle on the connection's socket, for writing from another thread.
+    pub fn writer_clone(&self) -> UnixStream {
+        self.writer.try_clone().expect("clone the socket")
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.writer.write_all(bytes)
     }
