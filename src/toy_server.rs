@@ -74,6 +74,10 @@ pub struct ToyArgs {
     /// Read this whole file during loading, in 8 MiB chunks (like reading weights).
     #[arg(long)]
     pub read_file: Option<PathBuf>,
+    /// Send queue reports to this socket instead of `$HEARTH_SOCKET` (model and replica still
+    /// come from `HEARTH_MODEL` and `HEARTH_REPLICA`); e.g. a relay that timestamps them.
+    #[arg(long)]
+    pub report_socket: Option<PathBuf>,
 }
 
 /// Where and as whom the server reports its queue (normally from `HEARTH_SOCKET`,
@@ -86,11 +90,16 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// The reporter the daemon asked for through the environment, if any.
-    pub fn from_env() -> Option<Reporter> {
-        let socket = std::env::var_os("HEARTH_SOCKET").filter(|s| !s.is_empty())?;
+    /// The reporter the daemon asked for through the environment, if any; `socket`, when given
+    /// (`--report-socket`), replaces `HEARTH_SOCKET`.
+    pub fn from_env(socket: Option<PathBuf>) -> Option<Reporter> {
+        let socket = socket.or_else(|| {
+            std::env::var_os("HEARTH_SOCKET")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+        })?;
         Some(Reporter {
-            socket: PathBuf::from(socket),
+            socket,
             model: std::env::var("HEARTH_MODEL").unwrap_or_default(),
             replica: std::env::var("HEARTH_REPLICA")
                 .ok()
@@ -147,7 +156,8 @@ pub async fn run(args: ToyArgs) -> anyhow::Result<()> {
             _ = int.recv() => {}
         }
     };
-    serve(listener, args, Reporter::from_env(), shutdown).await
+    let reporter = Reporter::from_env(args.report_socket.clone());
+    serve(listener, args, reporter, shutdown).await
 }
 
 /// Serves on an already bound listener until `shutdown` completes, then stops accepting, lets
@@ -717,6 +727,7 @@ mod tests {
             crash_after: None,
             hang_after: None,
             read_file: None,
+            report_socket: None,
         }
     }
 
@@ -840,6 +851,7 @@ mod tests {
         assert_eq!(a.concurrency, 1);
         assert_eq!(a.service_time, Duration::from_millis(200));
         assert!(!a.fail_warmup && a.crash_after.is_none() && a.hang_after.is_none());
+        assert!(a.report_socket.is_none());
         let a = Cli::try_parse_from([
             "toy",
             "--port",
@@ -857,6 +869,8 @@ mod tests {
             "1.5s",
             "--read-file",
             "/tmp/w",
+            "--report-socket",
+            "/tmp/relay.sock",
         ])
         .unwrap()
         .toy;
@@ -866,6 +880,7 @@ mod tests {
         assert_eq!(a.crash_after, Some(Duration::from_secs(60)));
         assert_eq!(a.hang_after, Some(Duration::from_millis(1500)));
         assert_eq!(a.read_file, Some(PathBuf::from("/tmp/w")));
+        assert_eq!(a.report_socket, Some(PathBuf::from("/tmp/relay.sock")));
         assert!(Cli::try_parse_from(["toy"]).is_err(), "--port is required");
     }
 

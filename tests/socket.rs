@@ -224,3 +224,48 @@ fn a_flood_of_bad_lines_does_not_stall_other_clients() {
     assert!(sent > 50, "the flood was no flood: {sent} lines");
     assert!(d.running(), "the daemon exited:\n{}", d.log());
 }
+
+#[test]
+fn a_long_pipelined_stream_is_answered_in_order() {
+    let d = Daemon::start(&[ModelSpec::toy("toy", &[]).scale(1, 1, 0)]);
+    let mut c = Conn::connect(&d.socket).unwrap();
+    // 2,000 requests in one stream, written by another thread while this one reads (so neither
+    // side's socket buffer can stall the other): reports (answered by the core) alternate with
+    // status requests for unknown models, whose errors name the model and so show the order.
+    let n = 2_000;
+    let mut stream = Vec::new();
+    for i in 0..n {
+        if i % 2 == 0 {
+            stream.extend_from_slice(
+                format!(
+                    "{}\n",
+                    json!({"op": "report", "model": "toy", "oldest_wait_ms": 1})
+                )
+                .as_bytes(),
+            );
+        } else {
+            stream.extend_from_slice(
+                format!(
+                    "{}\n",
+                    json!({"op": "status", "model": format!("nope-{i}")})
+                )
+                .as_bytes(),
+            );
+        }
+    }
+    let mut writer = c.writer_clone();
+    let t = std::thread::spawn(move || {
+        use std::io::Write;
+        writer.write_all(&stream).unwrap();
+    });
+    for i in 0..n {
+        if i % 2 == 0 {
+            expect_ok(&mut c, &format!("request {i}: report"));
+        } else {
+            let a = expect_error(&mut c, "unknown_model", &format!("request {i}"));
+            let m = a["message"].as_str().unwrap();
+            assert!(m.contains(&format!("nope-{i}\"")), "request {i}: {a}");
+        }
+    }
+    t.join().unwrap();
+}

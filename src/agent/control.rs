@@ -1,5 +1,7 @@
 //! The control and report socket: line-framed JSON, answered in order, one task per connection.
-//! Connections only forward requests to the core's task and write its answers back.
+//! Connections only forward requests to the core's task and write its answers back. Pipelined
+//! requests already in a connection's buffer go to the core together, and their answers leave in
+//! one write.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
@@ -107,51 +109,125 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
         }
     };
     let mut framed = Framed::new(stream, Lines::new());
-    loop {
-        let item = tokio::select! {
+    let mut answers: Vec<Answer> = Vec::new();
+    'conn: loop {
+        let mut item = tokio::select! {
             _ = shutdown.cancelled() => break,
             item = framed.next() => item,
         };
-        let line = match item {
-            None | Some(Err(_)) => break,
-            Some(Ok(Line::Text(line))) => line,
-            Some(Ok(bad)) => {
-                let f = match bad {
-                    Line::TooLong => Failure::new(
-                        ErrorCode::TooLarge,
-                        format!("a line may hold at most {} bytes", protocol::MAX_LINE),
-                    ),
-                    _ => Failure::new(ErrorCode::BadRequest, "a line must be UTF-8"),
-                };
-                if send(&mut framed, &f.to_value()).await.is_err() {
+        // Take every request already buffered (pipelined), up to BATCH: all of them go to the
+        // core before the first answer is awaited, and their answers leave in one write.
+        let mut closed = false;
+        let mut watch_request = None;
+        let mut taken = 0;
+        loop {
+            // After an over-long line the codec skips to its newline, which yields no item: a
+            // newline in the buffer then says nothing about a next request.
+            let skipping = matches!(item, Some(Ok(Line::TooLong)));
+            match item {
+                None | Some(Err(_)) => {
+                    closed = true;
                     break;
                 }
-                continue;
+                Some(Ok(line)) => match classify(line) {
+                    Classified::Blank => {}
+                    Classified::Answer(v) => answers.push(Answer::Ready(v)),
+                    Classified::Watch(request, model) => {
+                        watch_request = Some((request, model));
+                        break;
+                    }
+                    Classified::Ask(request) => {
+                        let (reply, rx) = oneshot::channel();
+                        let msg = ShellMsg::Request {
+                            peer: peer.clone(),
+                            request,
+                            reply,
+                        };
+                        if control.to_core.send(msg).await.is_err() {
+                            closed = true;
+                            break;
+                        }
+                        answers.push(Answer::Core(rx));
+                    }
+                },
             }
-        };
-        if line.trim().is_empty() {
-            continue;
+            taken += 1;
+            // A complete line in the read buffer is decoded without touching the socket.
+            if skipping || taken >= BATCH || !framed.read_buffer().contains(&b'\n') {
+                break;
+            }
+            item = framed.next().await;
         }
-        let request = match protocol::parse_request(&line) {
-            Ok(r) => r,
-            Err(f) => {
-                if send(&mut framed, &f.to_value()).await.is_err() {
-                    break;
-                }
-                continue;
+        // Answers in request order, written together.
+        for a in answers.drain(..) {
+            let v = match a {
+                Answer::Ready(v) => v,
+                Answer::Core(rx) => match rx.await {
+                    Ok((v, _)) => v,
+                    Err(_) => break 'conn,
+                },
+            };
+            if framed.feed(v.to_string()).await.is_err() {
+                break 'conn;
             }
-        };
-        if let Request::Watch { model } = &request {
-            let model = model.clone();
+        }
+        if framed.flush().await.is_err() || closed {
+            break;
+        }
+        if let Some((request, model)) = watch_request {
             watch(framed, &control, peer, request, model, shutdown).await;
             return;
         }
-        let Some((answer, _)) = ask(&control, peer.clone(), request).await else {
-            break;
-        };
-        if send(&mut framed, &answer).await.is_err() {
-            break;
+    }
+}
+
+/// Most pipelined requests taken from one connection before their answers are written.
+const BATCH: usize = 64;
+
+/// A request's answer: known at once (a bad line), or coming from the core.
+enum Answer {
+    Ready(Value),
+    Core(oneshot::Receiver<(Value, u64)>),
+}
+
+/// What a line asks for.
+enum Classified {
+    /// An empty line: no answer.
+    Blank,
+    /// A bad line, answered without the core.
+    Answer(Value),
+    Watch(Request, Option<String>),
+    Ask(Request),
+}
+
+fn classify(line: Line) -> Classified {
+    let line = match line {
+        Line::Text(line) => line,
+        Line::TooLong => {
+            return Classified::Answer(
+                Failure::new(
+                    ErrorCode::TooLarge,
+                    format!("a line may hold at most {} bytes", protocol::MAX_LINE),
+                )
+                .to_value(),
+            )
         }
+        Line::NotUtf8 => {
+            return Classified::Answer(
+                Failure::new(ErrorCode::BadRequest, "a line must be UTF-8").to_value(),
+            )
+        }
+    };
+    if line.trim().is_empty() {
+        return Classified::Blank;
+    }
+    match protocol::parse_request(&line) {
+        Err(f) => Classified::Answer(f.to_value()),
+        Ok(Request::Watch { model }) => {
+            let m = model.clone();
+            Classified::Watch(Request::Watch { model }, m)
+        }
+        Ok(r) => Classified::Ask(r),
     }
 }
 

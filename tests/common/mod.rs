@@ -128,6 +128,12 @@ pub struct ModelSpec {
     pub liveness: Option<Liveness>,
     pub stop_grace: &'static str,
     pub drain_timeout: &'static str,
+    /// `[model.scaling]` timings (defaults: 2s, 10m, 5m; the config's defaults for the rest).
+    pub target_wait: &'static str,
+    pub down_stabilization: &'static str,
+    pub down_step: &'static str,
+    pub stale_after: Option<&'static str>,
+    pub max_up_step: Option<u32>,
 }
 
 impl ModelSpec {
@@ -150,6 +156,11 @@ impl ModelSpec {
             liveness: None,
             stop_grace: "2s",
             drain_timeout: "30s",
+            target_wait: "2s",
+            down_stabilization: "10m",
+            down_step: "5m",
+            stale_after: None,
+            max_up_step: None,
         }
     }
 
@@ -188,13 +199,23 @@ impl ModelSpec {
             ));
         }
         s.push_str(&format!(
-            "[model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = \"2s\"\n\
-             down_stabilization = \"10m\"\ndown_step = \"5m\"\ndrain_timeout = {}\n\n",
+            "[model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = {}\n\
+             down_stabilization = {}\ndown_step = {}\ndrain_timeout = {}\n",
             self.min,
             self.max,
             self.warm_pool,
+            q(self.target_wait),
+            q(self.down_stabilization),
+            q(self.down_step),
             q(self.drain_timeout),
         ));
+        if let Some(v) = self.stale_after {
+            s.push_str(&format!("stale_after = {}\n", q(v)));
+        }
+        if let Some(v) = self.max_up_step {
+            s.push_str(&format!("max_up_step = {v}\n"));
+        }
+        s.push('\n');
         s
     }
 }
@@ -297,6 +318,49 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+// ---- measurement (benchmarks) -------------------------------------------------------------------
+
+/// User + system CPU time of a process so far (from /proc/PID/stat, in clock ticks).
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    // utime and stime are fields 14 and 15 of the whole line; [0] here is field 3 (state).
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Clock ticks per second (the unit of `cpu_ticks`).
+pub fn clk_tck() -> f64 {
+    // SAFETY: plain libc query.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// Resident set size (VmRSS) in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The load averages as /proc/loadavg shows them ("1.23 0.98 0.75"), and the CPU count.
+pub fn machine_load() -> String {
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("load average {} on {cpus} CPUs", load.join(" "))
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
 // ---- socket -----------------------------------------------------------------------------------
 
 /// One control-socket connection: JSON lines each way.
@@ -317,6 +381,11 @@ impl Conn {
 
     pub fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
         self.writer.set_write_timeout(t)
+    }
+
+    /// Another handle on the connection's socket, for writing from another thread.
+    pub fn writer_clone(&self) -> UnixStream {
+        self.writer.try_clone().expect("clone the socket")
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -543,10 +612,20 @@ impl Daemon {
     }
 
     pub fn start_with(opts: DaemonOpts, models: &[ModelSpec]) -> Daemon {
-        let dir = tempfile::Builder::new()
+        Daemon::start_in(Daemon::temp_dir(), opts, models)
+    }
+
+    /// A temporary directory for a daemon (socket, state, log), for callers that need to know
+    /// the socket's path before the daemon starts (`dir/hearth.sock`).
+    pub fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
             .prefix("hearth-it-")
             .tempdir()
-            .expect("temp dir");
+            .expect("temp dir")
+    }
+
+    /// Like `start_with`, in a directory the caller made (see `temp_dir`).
+    pub fn start_in(dir: tempfile::TempDir, opts: DaemonOpts, models: &[ModelSpec]) -> Daemon {
         let ports = free_ports(opts.ports);
         let text = config_text(dir.path(), ports, &opts, models);
         let config_path = dir.path().join("config.toml");
