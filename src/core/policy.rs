@@ -247,14 +247,7 @@ impl Autoscaler {
             return None;
         }
         let cap = self.capacity()?;
-        let rates: Vec<f64> = self
-            .window(now, LOAD_WINDOW)
-            .filter_map(|b| b.rate)
-            .collect();
-        if rates.len() < LOAD_WINDOW.as_secs() as usize / 2 {
-            return None;
-        }
-        let lambda = rates.iter().sum::<f64>() / rates.len() as f64;
+        let lambda = self.recent_rate(now)?;
         let target = inp.scaling.target_wait.as_secs_f64();
         let need = replicas_needed(lambda, cap, target, WAIT_TAIL, inp.max);
         let to = need.min(desired + inp.scaling.max_up_step).min(inp.max);
@@ -450,6 +443,16 @@ impl Autoscaler {
         ))
     }
 
+    /// The arrival rate averaged over `LOAD_WINDOW`, once half of it has rates.
+    fn recent_rate(&self, now: Time) -> Option<f64> {
+        let rates: Vec<f64> = self
+            .window(now, LOAD_WINDOW)
+            .filter_map(|b| b.rate)
+            .collect();
+        let enough = rates.len() >= LOAD_WINDOW.as_secs() as usize / 2;
+        enough.then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+    }
+
     /// What one replica can do, once measured: its slots (or, until it was seen saturated,
     /// the most it ran at once) over the service time.
     pub fn capacity(&self) -> Option<ReplicaCapacity> {
@@ -524,7 +527,10 @@ impl Autoscaler {
         let rates: Vec<f64> = window.iter().filter_map(|b| b.rate).collect();
         let fits = match (rates.is_empty(), self.capacity()) {
             (false, Some(cap)) => {
-                let lambda = rates.iter().sum::<f64>() / rates.len() as f64;
+                // The window's average, or the standing floor's if that is higher: a step down
+                // must never be one the floor would take back at once.
+                let lambda = (rates.iter().sum::<f64>() / rates.len() as f64)
+                    .max(self.recent_rate(now).unwrap_or(0.0));
                 let target = s.target_wait.as_secs_f64();
                 let need = replicas_needed(lambda, cap, target, DOWN_WAIT_TAIL, inp.max);
                 (need < desired)
