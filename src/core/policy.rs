@@ -336,7 +336,8 @@ impl Autoscaler {
     /// Buckets within `span` of now.
     fn window(&self, now: Time, span: Duration) -> impl Iterator<Item = &Bucket> {
         let from = now.0.as_secs().saturating_sub(span.as_secs());
-        self.buckets.iter().filter(move |b| b.second >= from)
+        // From the newest back: the window is short next to what is kept.
+        self.buckets.iter().rev().take_while(move |b| b.second >= from)
     }
 
     fn scale_up(

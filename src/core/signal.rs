@@ -9,6 +9,8 @@ use crate::protocol::Report;
 
 /// How far back counters are kept to estimate rates.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// Kept samples are at least this far apart (see `record`).
+const MIN_SAMPLE_GAP: Duration = Duration::from_millis(100);
 /// The recent arrival rate looks this far back.
 const RECENT_SPAN: Duration = Duration::from_secs(3);
 /// An arrival rate needs counters this far apart: shorter spans read sub-second clumps of a
@@ -62,7 +64,15 @@ impl ReplicaSignal {
                 served = Some((b - a, busy));
             }
         }
-        self.history.push_back(s);
+        // Reports can come far faster than rates need: keep samples at least
+        // `MIN_SAMPLE_GAP` apart by letting the newest replace the last until the gap is there,
+        // so each report costs the same however many arrive.
+        let n = self.history.len();
+        if n >= 2 && s.at.since(self.history[n - 2].at) < MIN_SAMPLE_GAP {
+            self.history[n - 1] = s;
+        } else {
+            self.history.push_back(s);
+        }
         while let Some(first) = self.history.front() {
             if self.history.len() > 2 && s.at.since(first.at) > RATE_WINDOW {
                 self.history.pop_front();
@@ -282,5 +292,34 @@ mod tests {
         assert_eq!((m.oldest_wait_ms, m.queue_depth), (50.0, 7));
         let later = Time::from_millis(30_000);
         assert!(ModelSignal::combine(&wide, [&a, &b].into_iter(), later, stale).is_none());
+    }
+}
+
+#[cfg(test)]
+mod flood_tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_reports_keeps_a_bounded_history_and_exact_counts() {
+        let mut sig = ReplicaSignal::default();
+        let mut done = 0;
+        // 1000 reports a second for 20 s: one arrival and one completion each, 1 running.
+        for i in 0..20_000u64 {
+            let s = Sample {
+                at: Time::from_millis(i),
+                oldest_wait_ms: 0.0,
+                queue_depth: 0,
+                in_flight: 1,
+                arrived: Some(i),
+                completed: Some(i),
+            };
+            if let Some((d, _)) = sig.record(s) {
+                done += d;
+            }
+        }
+        assert!(sig.history.len() <= 110, "{}", sig.history.len());
+        assert_eq!(done, 19_999, "every completion counted once");
+        let rate = sig.arrival_rate().unwrap();
+        assert!((rate - 1000.0).abs() < 1.0, "{rate}");
     }
 }
