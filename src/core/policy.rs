@@ -337,7 +337,10 @@ impl Autoscaler {
     fn window(&self, now: Time, span: Duration) -> impl Iterator<Item = &Bucket> {
         let from = now.0.as_secs().saturating_sub(span.as_secs());
         // From the newest back: the window is short next to what is kept.
-        self.buckets.iter().rev().take_while(move |b| b.second >= from)
+        self.buckets
+            .iter()
+            .rev()
+            .take_while(move |b| b.second >= from)
     }
 
     fn scale_up(
