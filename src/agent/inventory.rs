@@ -26,19 +26,7 @@ pub struct StaticInventory {
 
 impl StaticInventory {
     pub fn from_config(cfg: &GpusConfig, why: impl Into<String>) -> Self {
-        let devices = cfg
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| GpuDevice {
-                index: i as u32,
-                uuid: d.uuid.clone(),
-                name: d.name.clone(),
-                memory_total: d.memory,
-                memory_foreign: 0,
-                topology: None,
-            })
-            .collect();
+        let devices = GpuDevice::declared(cfg);
         StaticInventory {
             devices,
             why: why.into(),

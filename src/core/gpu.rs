@@ -20,6 +20,24 @@ pub struct GpuDevice {
     pub topology: Option<String>,
 }
 
+impl GpuDevice {
+    /// The devices declared in `[[gpus.device]]`, indexed in the order written.
+    pub fn declared(cfg: &crate::config::GpusConfig) -> Vec<GpuDevice> {
+        cfg.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| GpuDevice {
+                index: i as u32,
+                uuid: d.uuid.clone(),
+                name: d.name.clone(),
+                memory_total: d.memory,
+                memory_foreign: 0,
+                topology: None,
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GpuSlot {
     pub device: GpuDevice,

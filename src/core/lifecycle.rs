@@ -101,7 +101,7 @@ impl Node {
         self.schedule_scrapes(now, out);
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
-            self.autoscale(&name, now, false, out);
+            self.autoscale(&name, now, out);
         }
         if let Some(sd) = &self.shutdown {
             if now >= sd.deadline {

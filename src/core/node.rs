@@ -285,7 +285,7 @@ impl Node {
                 m.model_wide.record(sample);
             }
         }
-        self.autoscale(&report.model, now, true, out);
+        self.autoscale(&report.model, now, out);
         Ok(())
     }
 
@@ -341,13 +341,7 @@ impl Node {
     // ---- scaling -----------------------------------------------------------------------------
 
     /// Runs the model's autoscaler and applies its decision to `desired_routed`.
-    pub(super) fn autoscale(
-        &mut self,
-        model: &str,
-        now: Time,
-        on_report: bool,
-        out: &mut Vec<Action>,
-    ) {
+    pub(super) fn autoscale(&mut self, model: &str, now: Time, out: &mut Vec<Action>) {
         if self.shutdown.is_some() {
             return;
         }
@@ -373,7 +367,6 @@ impl Node {
             routed,
             desired: m.desired_routed,
             warm,
-            on_report,
         };
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {
             self.set_desired(model, decision, now, out);

@@ -103,8 +103,6 @@ pub struct Inputs<'a> {
     pub desired: u32,
     /// Warm replicas ready to be promoted.
     pub warm: u32,
-    /// The call comes from a report (true) or the tick (false).
-    pub on_report: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -385,7 +383,7 @@ impl Autoscaler {
             (base * (1.0 + DAMPING * (ratio - 1.0))).ceil() as u32
         });
         // More cold capacity while some is already on its way only once the shortfall has
-        // outlasted a quarter of a cold start: a clump of seconds is over before any of it
+        // outlasted an eighth of a cold start: a clump of seconds is over before any of it
         // could serve, and would leave it idle for a whole stabilization window.
         let lasted = self.over_since.map_or(0.0, |t| now.since(t).as_secs_f64());
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
@@ -429,15 +427,9 @@ impl Autoscaler {
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
         let horizon = ttr.max(target);
-        // The shortfall of what can serve within milliseconds (routed and warm), projected as
-        // long as it has lasted so far, up to a cold start: a burst seconds old is more likely to
-        // end within seconds than to outlast a cold start.
-        let serving = inp.routed as f64 * cap.mu;
-        let shortfall = (lambda - serving).max(0.0);
-        let lasted = self
-            .over_since
-            .map_or(0.0, |t| inp.now.since(t).as_secs_f64());
-        let backlog = sig.queue_depth as f64 + shortfall * ttr + 0.0 * lasted;
+        // What the routed replicas fall short of the arrivals, for as long as a cold start.
+        let shortfall = (lambda - inp.routed as f64 * cap.mu).max(0.0);
+        let backlog = sig.queue_depth as f64 + shortfall * ttr;
         Some(replicas_needed(
             lambda + backlog / horizon,
             cap,

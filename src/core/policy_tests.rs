@@ -340,7 +340,6 @@ fn auto_pool_sizes_headroom_from_growth_time_to_ready_and_throughput() {
             routed: 40,
             desired: 40,
             warm: 0,
-            on_report: true,
         };
         a.evaluate(&inp);
     }

@@ -97,7 +97,7 @@ impl Node {
             );
         }
         self.record_replica_sample(id, sample, now, out);
-        self.autoscale(&model, now, true, out);
+        self.autoscale(&model, now, out);
     }
 }
 

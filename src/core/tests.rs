@@ -61,20 +61,7 @@ pub(super) struct Harness {
 impl Harness {
     pub fn new(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
-        let devices = config
-            .gpus
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| GpuDevice {
-                index: i as u32,
-                uuid: d.uuid.clone(),
-                name: d.name.clone(),
-                memory_total: d.memory,
-                memory_foreign: 0,
-                topology: None,
-            })
-            .collect();
+        let devices = GpuDevice::declared(&config.gpus);
         let now = Time::from_millis(1_000_000);
         let mut h = Harness {
             node: Node::new(config, devices, Default::default(), now),
