@@ -9,3 +9,4 @@ pub mod core;
 pub mod protocol;
 pub mod sim;
 pub mod toy_server;
+pub mod units;

@@ -54,22 +54,22 @@ pub struct ToyArgs {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// How long loading takes before /health turns 200.
-    #[arg(long, default_value = "0s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
     pub load_time: Duration,
     /// Number of completion slots; further requests wait in a FIFO queue.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
     /// How long each completion holds its slot.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "200ms", value_parser = crate::units::parse_duration)]
     pub service_time: Duration,
     /// Answer completions with 500 (a model that loads but cannot serve).
     #[arg(long)]
     pub fail_warmup: bool,
     /// Exit with status 1 this long after start.
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::parse_duration)]
     pub crash_after: Option<Duration>,
     /// Stop answering anything (and stop reporting) this long after start, staying alive.
-    #[arg(long, value_parser = parse_duration_arg)]
+    #[arg(long, value_parser = crate::units::parse_duration)]
     pub hang_after: Option<Duration>,
     /// Read this whole file during loading, in 8 MiB chunks (like reading weights).
     #[arg(long)]
@@ -106,29 +106,6 @@ impl Reporter {
                 .filter(|r| !r.is_empty()),
         })
     }
-}
-
-/// Parses "250ms", "2s", "1.5m", "1h" (and a bare "0") for clap.
-fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration {s:?} needs a unit (ms, s, m, h)"))?;
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("bad number in duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("bad unit in duration {s:?} (use ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("bad duration {s:?}: {e}"))
 }
 
 /// Binds, wires the process-level behaviour (env reporter, signals, `--crash-after`) and serves
@@ -818,22 +795,6 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    #[test]
-    fn parses_durations() {
-        assert_eq!(parse_duration_arg("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration_arg("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration_arg("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration_arg("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration_arg("0.5h"), Ok(Duration::from_secs(1800)));
-        assert_eq!(parse_duration_arg("0"), Ok(Duration::ZERO));
-        for bad in ["", "5", "s", "5x", "1..2s", "-1s"] {
-            assert!(
-                parse_duration_arg(bad).is_err(),
-                "{bad:?} should be rejected"
-            );
         }
     }
 

@@ -113,7 +113,7 @@ fn prefetch_files(
     let outcome = prefetch::run(globs, cancel, |p| {
         if !announced {
             announced = true;
-            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::core::status::bytes(p.total_bytes), globs.join(" "));
+            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::units::short_bytes(p.total_bytes), globs.join(" "));
         }
         for m in &p.missing[warned..] {
             tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
@@ -132,7 +132,7 @@ fn prefetch_files(
     }
     let secs = outcome.elapsed.as_secs_f64();
     let rate = outcome.progress.done_bytes as f64 / secs.max(1e-3) / (1u64 << 20) as f64;
-    tracing::info!(model = %model, replica = %replica, "prefetched {} in {} file(s) in {secs:.1} s ({rate:.0} MiB/s)", crate::core::status::bytes(outcome.progress.done_bytes), outcome.files);
+    tracing::info!(model = %model, replica = %replica, "prefetched {} in {} file(s) in {secs:.1} s ({rate:.0} MiB/s)", crate::units::short_bytes(outcome.progress.done_bytes), outcome.files);
 }
 
 /// Looked up before fork: a child between fork and exec may only make async-signal-safe calls.

@@ -149,7 +149,7 @@ impl GpuTable {
         if fits.len() < count as usize {
             let usable = self.slots.iter().filter(|s| s.accepts()).count();
             let need = match bytes {
-                Some(b) => format!("{} free", crate::core::status::bytes(b)),
+                Some(b) => format!("{} free", crate::units::short_bytes(b)),
                 None => "a whole device".to_string(),
             };
             return Err(format!(

@@ -86,8 +86,8 @@ impl Node {
                 let (model, rid) = (r.model.clone(), r.id.clone());
                 let msg = format!(
                     "uses {} on {uuid}, more than its declared gpu_memory {}",
-                    super::status::bytes(bytes),
-                    super::status::bytes(declared)
+                    crate::units::short_bytes(bytes),
+                    crate::units::short_bytes(declared)
                 );
                 self.log(LogLevel::Warn, &model, Some(&rid), msg, out);
             } else if !over {

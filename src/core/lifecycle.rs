@@ -1,10 +1,11 @@
 //! Replica lifecycle transitions: spawn results, exits, failures, drains, stops, deadlines.
 
 use super::event::{Action, LogLevel, ProbeKind, StopSignal};
-use super::node::{fmt_dur, Node, ShutdownState};
+use super::node::{Node, ShutdownState};
 use super::replica::{ReplicaId, ReplicaState};
 use super::Time;
 use crate::protocol::WatchEvent;
+use crate::units::short_duration as fmt_dur;
 
 impl Node {
     pub(super) fn tick(&mut self, now: Time, out: &mut Vec<Action>) {

@@ -14,6 +14,7 @@ use super::signal::{ModelSignal, Sample};
 use super::Time;
 use crate::config::{Config, PortRange};
 use crate::protocol::{self, Endpoint, ErrorCode, Failure, Report, Request, Role, WatchEvent};
+use crate::units::short_duration;
 
 /// A starting replica that refused the connection or answered 503 is still loading: try again
 /// soon, so that readiness is noticed within tens of milliseconds.
@@ -570,7 +571,7 @@ impl Node {
                         LogLevel::Info,
                         &model,
                         Some(&rid),
-                        format!("warm after {}", fmt_dur(ttr)),
+                        format!("warm after {}", short_duration(ttr)),
                         out,
                     );
                     if let Some(m) = self.models.get_mut(&model) {
@@ -697,14 +698,6 @@ impl Node {
             replica: replica.cloned(),
             message,
         });
-    }
-}
-
-pub(super) fn fmt_dur(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
     }
 }
 

@@ -258,7 +258,7 @@ impl Autoscaler {
             reason: format!(
                 "arrivals {lambda:.1}/s need {need} replicas to keep {:.0} % of waits under {} ({})",
                 (1.0 - WAIT_TAIL) * 100.0,
-                super::node::fmt_dur(inp.scaling.target_wait),
+                crate::units::short_duration(inp.scaling.target_wait),
                 describe(cap)
             ),
         })
@@ -491,7 +491,10 @@ impl Autoscaler {
                     self.last_down = Some(now);
                     return Some(Decision {
                         to: 0,
-                        reason: format!("no work for {}", super::node::fmt_dur(s.idle_to_zero)),
+                        reason: format!(
+                            "no work for {}",
+                            crate::units::short_duration(s.idle_to_zero)
+                        ),
                     });
                 }
             }
@@ -544,7 +547,7 @@ impl Autoscaler {
             to: desired - 1,
             reason: format!(
                 "calm for {}: average oldest wait {:.0} ms < {:.0} ms; {fits}",
-                super::node::fmt_dur(s.down_stabilization),
+                crate::units::short_duration(s.down_stabilization),
                 avg_wait,
                 calm_ms
             ),

@@ -4,7 +4,7 @@
 
 use super::node::Node;
 use super::replica::{ReplicaId, ReplicaState};
-use super::status::bytes;
+use crate::units::short_bytes as bytes;
 
 impl Node {
     pub(super) fn prefetch_progress(

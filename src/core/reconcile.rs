@@ -278,7 +278,10 @@ impl Node {
             if now < m.backoff_until {
                 let wait = m.backoff_until.since(now);
                 let r = self.replicas.get_mut(&id).expect("present");
-                r.reason = format!("restart back-off: starts in {}", super::node::fmt_dur(wait));
+                r.reason = format!(
+                    "restart back-off: starts in {}",
+                    crate::units::short_duration(wait)
+                );
                 continue;
             }
             let placed = match self.gpus.place(

@@ -128,15 +128,3 @@ impl Node {
         }
     }
 }
-
-/// Bytes in binary units, for messages.
-pub fn bytes(b: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    const MIB: f64 = (1u64 << 20) as f64;
-    let f = b as f64;
-    if f >= GIB {
-        format!("{:.1}GiB", f / GIB)
-    } else {
-        format!("{:.0}MiB", f / MIB)
-    }
-}

@@ -89,7 +89,7 @@ impl Policy {
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
-    crate::config::parse_duration(s)
+    crate::units::parse_duration(s)
 }
 
 fn parse_positive(s: &str) -> Result<f64, String> {

@@ -464,7 +464,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 pub fn fmt_secs(d: Us) -> String {
-    crate::config::format_duration(std::time::Duration::from_micros(d))
+    crate::units::format_duration(std::time::Duration::from_micros(d))
 }
 
 #[cfg(test)]
