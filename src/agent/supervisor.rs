@@ -113,7 +113,15 @@ fn prefetch_files(
     let outcome = prefetch::run(globs, cancel, |p| {
         if !announced {
             announced = true;
-            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::units::short_bytes(p.total_bytes), globs.join(" "));
+            let size = crate::units::short_bytes;
+            match &p.limit {
+                None => {
+                    tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", size(p.total_bytes), globs.join(" "))
+                }
+                Some(l) => {
+                    tracing::warn!(model = %model, replica = %replica, "prefetch: {} of weights would not fit in the {} of memory available ({} of it planned by other prefetches); reading the first {}, the server reads the rest from disk: {}", size(l.matched_bytes), size(l.room_bytes), size(l.others_bytes), size(p.total_bytes), globs.join(" "))
+                }
+            }
         }
         for m in &p.missing[warned..] {
             tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
