@@ -1,0 +1,175 @@
+//! What running the file needs that the file alone decides ([`Checks::Deployment`]): each replica
+//! is handed a port of its own and probed there, so the command must pass `{port}` on and every
+//! URL must use it; and the `min` replicas must fit the declared static GPUs.
+//!
+//! [`Checks::Deployment`]: crate::config::Checks::Deployment
+
+use super::{fit, At, Cx, Marks, Res};
+use crate::config::placeholders::placeholders_in;
+use crate::config::raw::join;
+use crate::config::{GpuBackend, GpusConfig, ModelConfig};
+
+/// Whether `template` has a `{port}` placeholder.
+fn has_port(template: &str) -> bool {
+    placeholders_in(template).contains(&"port")
+}
+
+/// The host and port of an http:// URL.
+fn authority(url: &str) -> (&str, &str) {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    rest.split_at(end)
+}
+
+impl Cx<'_> {
+    pub(super) fn deployment(
+        &self,
+        gpus: &GpusConfig,
+        models: &[ModelConfig],
+        marks: &[Marks],
+    ) -> Res<()> {
+        for (m, mark) in models.iter().zip(marks) {
+            self.port_is_passed(m, mark)?;
+            for (key, at, url) in &mark.urls {
+                self.url_uses_port(key, at.clone(), url)?;
+            }
+        }
+        // With NVML (or `auto`, which may find it) the devices are known only at run time; the
+        // daemon reports a model that does not fit as no_capacity.
+        if gpus.backend == GpuBackend::Static {
+            self.minimums_fit(&gpus.devices, models, marks)?;
+        }
+        Ok(())
+    }
+
+    /// The server must learn its port: `{port}` in the command or `env`, or a command that reads
+    /// `$HEARTH_PORT` (a shell line).
+    fn port_is_passed(&self, m: &ModelConfig, mark: &Marks) -> Res<()> {
+        let passed = m
+            .command
+            .iter()
+            .any(|a| has_port(a) || a.contains("HEARTH_PORT"))
+            || m.env.values().any(|v| has_port(v));
+        if passed {
+            return Ok(());
+        }
+        Err(self.err(
+            &join(&mark.key, "command"),
+            mark.command.clone(),
+            "neither the command nor env mentions {port}: hearth gives each replica a port of \
+             its own and routes and probes it at 127.0.0.1:{port}, so a server listening where \
+             it chooses would be routed dead, and a second replica would fail with \"Address \
+             already in use\"; pass it on, e.g. \"--port\", \"{port}\" (a server that reads \
+             $HEARTH_PORT itself: say so with env = { HEARTH_PORT = \"{port}\" })",
+        ))
+    }
+
+    /// Probes and scrapes go to the replica's own port.
+    fn url_uses_port(&self, key: &str, at: At, url: &str) -> Res<()> {
+        let (address, path) = authority(url);
+        if has_port(address) {
+            return Ok(());
+        }
+        Err(self.err(
+            key,
+            at,
+            format!(
+                "{url:?} does not use {{port}} in its address: each replica listens on a port of \
+                 its own, and a fixed one would probe some other server (or one replica for \
+                 all); write e.g. \"http://127.0.0.1:{{port}}{path}\""
+            ),
+        ))
+    }
+
+    /// Each model's `min` replicas fit the declared devices, alone and all together: a minimum
+    /// that cannot would wait in no_capacity for as long as the daemon runs.
+    fn minimums_fit(
+        &self,
+        devices: &[crate::config::StaticDevice],
+        models: &[ModelConfig],
+        marks: &[Marks],
+    ) -> Res<()> {
+        let memory: Vec<u64> = devices.iter().map(|d| d.memory).collect();
+        let declared = fit::describe_devices(&memory);
+        let mut asks: Vec<(usize, fit::Demand)> = Vec::new();
+        for (i, (m, mark)) in models.iter().zip(marks).enumerate() {
+            if m.gpus == 0 || m.scaling.min == 0 {
+                continue;
+            }
+            let d = fit::Demand {
+                replicas: m.scaling.min,
+                gpus: m.gpus,
+                bytes: m.gpu_memory,
+            };
+            let never = "the model would wait in no_capacity for as long as the daemon runs";
+            if m.gpus as usize > memory.len() {
+                return Err(self.err(
+                    &join(&mark.key, "gpus"),
+                    mark.gpus.clone(),
+                    format!(
+                        "each replica needs {} GPUs but {} device(s) are declared ({declared}); \
+                         {never}",
+                        m.gpus,
+                        memory.len()
+                    ),
+                ));
+            }
+            if let Some(b) = m.gpu_memory {
+                let large = memory.iter().filter(|&&mem| mem >= b).count();
+                if large < m.gpus as usize {
+                    return Err(self.err(
+                        &join(&mark.key, "gpu_memory"),
+                        mark.gpu_memory.clone(),
+                        format!(
+                            "each replica needs {} device(s) with {} free; {large} of the \
+                             declared devices ({declared}) are that large; {never}",
+                            m.gpus,
+                            crate::units::short_bytes(b)
+                        ),
+                    ));
+                }
+            }
+            let most = fit::most_alone(&memory, &d);
+            if most < d.replicas {
+                return Err(self.err(
+                    &join(&mark.key, "scaling.min"),
+                    mark.min.clone(),
+                    format!(
+                        "min = {}, but the declared devices ({declared}) hold at most {most} \
+                         replica(s) of {}; {never}",
+                        d.replicas,
+                        fit::describe(&d)
+                    ),
+                ));
+            }
+            asks.push((i, d));
+        }
+        let all: Vec<fit::Demand> = asks.iter().map(|(_, d)| *d).collect();
+        if fit::together(&memory, &all) != fit::Fit::No {
+            return Ok(());
+        }
+        // Name the model whose minimum no longer fits beside those of the models above it.
+        let mut blame = asks.len();
+        for n in 1..=asks.len() {
+            if fit::together(&memory, &all[..n]) == fit::Fit::No {
+                blame = n;
+                break;
+            }
+        }
+        let (i, _) = asks[blame - 1];
+        let listed: Vec<String> = asks[..blame]
+            .iter()
+            .map(|(j, d)| format!("{:?}: {}", models[*j].name, fit::describe_min(d)))
+            .collect();
+        Err(self.err(
+            &join(&marks[i].key, "scaling.min"),
+            marks[i].min.clone(),
+            format!(
+                "the minimums of {} cannot all be placed on the declared devices ({declared}): \
+                 one model would wait in no_capacity for as long as the daemon runs; lower a min \
+                 or declare more devices",
+                listed.join(", ")
+            ),
+        ))
+    }
+}
