@@ -190,9 +190,9 @@ impl<'a> Cx<'a> {
             return Err(self.err(
                 "model",
                 None,
-                "the file declares no [[model]]; a file that is to serve no model must say so \
-                 with `model = []` at the top, before any [table] (an empty or cut-short file \
-                 must not stop every model)",
+                "the file declares no [[model]]; to run no model, say so with `model = []` at \
+                 the top, before any [table] (an empty or cut-short file is never read as \
+                 \"stop every model\")",
             ));
         };
         let mut models: Vec<ModelConfig> = Vec::with_capacity(raw_models.get_ref().len());
