@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::config::validate::fit::{most_alone, together, Demand, Fit};
+use crate::config::validate::fit::{Demand, Devices, Fit};
 use crate::config::*;
 
 const GIB: u64 = 1 << 30;
@@ -377,12 +377,13 @@ fn the_fit_answer_matches_a_brute_force_search_over_many_seeds() {
             .flat_map(|d| std::iter::repeat_n(*d, d.replicas as usize))
             .collect();
         let truth = brute_force(&mut devices.clone(), &devices, &items);
-        let answer = together(&devices, &demands);
+        let answer = Devices::new(&devices).together(&demands);
         assert_ne!(answer, Fit::Unknown, "{devices:?} {demands:?}");
         assert_eq!(answer == Fit::Fits, truth, "{devices:?} {demands:?}");
         for d in &demands {
             let alone: Vec<Demand> = std::iter::repeat_n(*d, d.replicas as usize).collect();
-            let most = most_alone(&devices, d);
+            let most = Devices::new(&devices).most_alone(d);
+            assert_eq!(Devices::new(&devices).fits_alone(d), most == d.replicas);
             let k = |k: u32| {
                 let items: Vec<Demand> = alone.iter().take(k as usize).copied().collect();
                 brute_force(&mut devices.clone(), &devices, &items)
@@ -430,13 +431,13 @@ fn a_search_too_large_for_its_budget_passes_the_file() {
             bytes: Some(3 * GIB),
         },
     ];
-    assert_ne!(together(&devices, &maybe), Fit::No);
+    assert_ne!(Devices::new(&devices).together(&maybe), Fit::No);
     let plainly = [Demand {
         replicas: 500,
         gpus: 2,
         bytes: Some(40 * GIB),
     }];
-    assert_eq!(together(&devices, &plainly), Fit::No);
+    assert_eq!(Devices::new(&devices).together(&plainly), Fit::No);
 }
 
 // ---- programs exist on this host --------------------------------------------------------------
@@ -583,4 +584,30 @@ fn the_example_says_to_run_the_readmes_first_command() {
         !example.contains("cargo run"),
         "cargo run puts no `hearth` on PATH"
     );
+}
+
+#[test]
+fn large_files_are_judged_by_counting_and_blame_the_first_model_that_overflows() {
+    // 600 one-replica models on 512 devices that hold one each: far past the search's size, the
+    // count still proves it, and the 513th model is the one named.
+    let mut text = format!(
+        "[daemon]\nports = \"20000-20599\"\n{}",
+        gpus("static", &[80; 512], "")
+    );
+    for i in 0..600 {
+        text.push_str(&gpu_model(&format!("m{i}"), 1, "80GiB", 1));
+    }
+    let m = fails_at(
+        Checks::Deployment,
+        &text,
+        "model[512].scaling.min",
+        line_of(&text, "min =", 512),
+    );
+    assert!(m.contains("\"m0\"") && m.contains("and 507 more"), "{m}");
+    // More devices than any host has are not judged at all.
+    let text = format!(
+        "[daemon]\nports = \"20000-23999\"\n{}",
+        gpus("static", &[80; 1025], &gpu_model("m", 1, "50GiB", 3000))
+    );
+    parse_at(Checks::Deployment, &text).unwrap();
 }

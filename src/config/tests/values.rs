@@ -649,3 +649,31 @@ fn urls_must_be_http() {
     );
     fails(&text, "model[0].signal.scrape", line_of(&text, "scrape", 0));
 }
+
+#[test]
+fn serde_errors_inside_inline_tables_and_arrays_name_the_key() {
+    // An unknown key in an inline table: toml points at the key.
+    let text = "[[model]]\nname = \"a\"\ncommand = [\"x\", \"{port}\"]\n\
+                warmup = { url = \"http://127.0.0.1:{port}/\", bogus = 1 }\n";
+    let m = fails(text, "model[0].warmup.bogus", 4);
+    assert!(m.contains("bogus"), "{m}");
+    // A wrong type in an array: at the element, on its own line.
+    let m = fails(
+        "[access]\nadmins = [\n  \"root\",\n  3,\n]\n",
+        "access.admins[1]",
+        4,
+    );
+    assert!(m.contains("string"), "{m}");
+    // A table of tables written inline, and a wrong type in a map.
+    let m = fails("model = [{ name = \"a\", nope = 1 }]\n", "model[0].nope", 1);
+    assert!(m.contains("nope"), "{m}");
+    let text = format!("{}env = {{ A = \"ok\", B = 2 }}\n", model("a"));
+    fails(&text, "model[0].env.B", line_of(&text, "env", 0));
+    // A negative count for an unsigned key.
+    let text = format!("{}[model.scaling]\nmin = -1\n", model("a"));
+    let m = fails(&text, "model[0].scaling.min", line_of(&text, "min", 0));
+    assert!(m.contains("-1"), "{m}");
+    // A duplicate key is a syntax error at the second one.
+    let m = fails("[daemon]\ntick = \"1s\"\ntick = \"2s\"\n", "-", 3);
+    assert!(m.contains("duplicate"), "{m}");
+}

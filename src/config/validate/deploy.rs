@@ -7,7 +7,14 @@
 use super::{fit, At, Cx, Marks, Res};
 use crate::config::placeholders::placeholders_in;
 use crate::config::raw::join;
-use crate::config::{GpuBackend, GpusConfig, ModelConfig};
+use crate::config::{GpuBackend, GpusConfig, ModelConfig, StaticDevice};
+use crate::units::short_bytes;
+
+/// Beyond this many declared devices the fit is not judged (no host has them; the work stays
+/// bounded whatever the file says).
+const MAX_JUDGED_DEVICES: usize = 1024;
+/// Models named in a message before "and N more".
+const LISTED_MODELS: usize = 6;
 
 /// Whether `template` has a `{port}` placeholder.
 fn has_port(template: &str) -> bool {
@@ -85,12 +92,16 @@ impl Cx<'_> {
     /// that cannot would wait in no_capacity for as long as the daemon runs.
     fn minimums_fit(
         &self,
-        devices: &[crate::config::StaticDevice],
+        devices: &[StaticDevice],
         models: &[ModelConfig],
         marks: &[Marks],
     ) -> Res<()> {
+        if devices.len() > MAX_JUDGED_DEVICES {
+            return Ok(());
+        }
         let memory: Vec<u64> = devices.iter().map(|d| d.memory).collect();
-        let declared = fit::describe_devices(&memory);
+        let devices = fit::Devices::new(&memory);
+        let never = "the model would wait in no_capacity for as long as the daemon runs";
         let mut asks: Vec<(usize, fit::Demand)> = Vec::new();
         for (i, (m, mark)) in models.iter().zip(marks).enumerate() {
             if m.gpus == 0 || m.scaling.min == 0 {
@@ -101,43 +112,44 @@ impl Cx<'_> {
                 gpus: m.gpus,
                 bytes: m.gpu_memory,
             };
-            let never = "the model would wait in no_capacity for as long as the daemon runs";
-            if m.gpus as usize > memory.len() {
+            if m.gpus as usize > devices.len() {
                 return Err(self.err(
                     &join(&mark.key, "gpus"),
                     mark.gpus.clone(),
                     format!(
-                        "each replica needs {} GPUs but {} device(s) are declared ({declared}); \
-                         {never}",
+                        "each replica needs {} GPUs but {} device(s) are declared ({}); {never}",
                         m.gpus,
-                        memory.len()
+                        devices.len(),
+                        devices.describe()
                     ),
                 ));
             }
             if let Some(b) = m.gpu_memory {
-                let large = memory.iter().filter(|&&mem| mem >= b).count();
-                if large < m.gpus as usize {
+                let large = devices.at_least(b);
+                if large < u64::from(m.gpus) {
                     return Err(self.err(
                         &join(&mark.key, "gpu_memory"),
                         mark.gpu_memory.clone(),
                         format!(
                             "each replica needs {} device(s) with {} free; {large} of the \
-                             declared devices ({declared}) are that large; {never}",
+                             declared devices ({}) are that large; {never}",
                             m.gpus,
-                            crate::units::short_bytes(b)
+                            short_bytes(b),
+                            devices.describe()
                         ),
                     ));
                 }
             }
-            let most = fit::most_alone(&memory, &d);
-            if most < d.replicas {
+            if !devices.fits_alone(&d) {
                 return Err(self.err(
                     &join(&mark.key, "scaling.min"),
                     mark.min.clone(),
                     format!(
-                        "min = {}, but the declared devices ({declared}) hold at most {most} \
-                         replica(s) of {}; {never}",
+                        "min = {}, but the declared devices ({}) hold at most {} replica(s) of \
+                         {}; {never}",
                         d.replicas,
+                        devices.describe(),
+                        devices.most_alone(&d),
                         fit::describe(&d)
                     ),
                 ));
@@ -145,30 +157,40 @@ impl Cx<'_> {
             asks.push((i, d));
         }
         let all: Vec<fit::Demand> = asks.iter().map(|(_, d)| *d).collect();
-        if fit::together(&memory, &all) != fit::Fit::No {
+        if devices.together(&all) != fit::Fit::No {
             return Ok(());
         }
-        // Name the model whose minimum no longer fits beside those of the models above it.
-        let mut blame = asks.len();
-        for n in 1..=asks.len() {
-            if fit::together(&memory, &all[..n]) == fit::Fit::No {
-                blame = n;
-                break;
+        // Name the model whose minimum no longer fits beside those of the models above it: the
+        // shortest prefix that does not fit (adding models only makes it harder), by bisection.
+        let (mut lo, mut hi) = (1, all.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if devices.together(&all[..mid]) == fit::Fit::No {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
         }
-        let (i, _) = asks[blame - 1];
-        let listed: Vec<String> = asks[..blame]
+        let Some(&(i, _)) = asks.get(lo - 1) else {
+            return Ok(());
+        };
+        let mut listed: Vec<String> = asks[..lo]
             .iter()
+            .take(LISTED_MODELS)
             .map(|(j, d)| format!("{:?}: {}", models[*j].name, fit::describe_min(d)))
             .collect();
+        if lo > LISTED_MODELS {
+            listed.push(format!("and {} more", lo - LISTED_MODELS));
+        }
         Err(self.err(
             &join(&marks[i].key, "scaling.min"),
             marks[i].min.clone(),
             format!(
-                "the minimums of {} cannot all be placed on the declared devices ({declared}): \
-                 one model would wait in no_capacity for as long as the daemon runs; lower a min \
-                 or declare more devices",
-                listed.join(", ")
+                "the minimums of {} cannot all be placed on the declared devices ({}): one model \
+                 would wait in no_capacity for as long as the daemon runs; lower a min or \
+                 declare more devices",
+                listed.join(", "),
+                devices.describe()
             ),
         ))
     }

@@ -32,86 +32,152 @@ const MAX_DEVICES: usize = 64;
 const MAX_REPLICAS: u64 = 512;
 /// Search steps (a state visited or a choice of devices tried) before giving up.
 const BUDGET: u32 = 50_000;
+/// Sizes listed in a message before "…".
+const LISTED: usize = 6;
 
-/// The most replicas of `d` (at most `d.replicas`) the devices hold with nothing else on them.
-/// Exact: with `c` slots on each device (how many replicas' shares it holds), `k` replicas that
-/// each need `g` distinct devices fit iff Σ min(c, k) ≥ k·g, and that sum minus k·g is concave in
-/// k, so the ks that fit are 0..=K.
-pub(in crate::config) fn most_alone(memory: &[u64], d: &Demand) -> u32 {
-    let g = u64::from(d.gpus.max(1));
-    let slots: Vec<u64> = memory
-        .iter()
-        .map(|&m| match d.bytes {
-            Some(b) => m / b.max(1),
-            None => 1,
-        })
-        .collect();
-    let fits = |k: u64| slots.iter().map(|&c| c.min(k)).sum::<u64>() >= k * g;
-    let (mut lo, mut hi) = (0u64, u64::from(d.replicas));
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo as u32
+/// The declared devices as (memory, how many), smallest first.
+#[derive(Debug, Clone)]
+pub(in crate::config) struct Devices {
+    memory: Vec<u64>,
+    sizes: Vec<(u64, u64)>,
 }
 
-/// Whether every demand's replicas can be placed at once.
-pub(in crate::config) fn together(memory: &[u64], demands: &[Demand]) -> Fit {
-    let whole: u64 = demands
-        .iter()
-        .filter(|d| d.bytes.is_none())
-        .map(|d| u64::from(d.replicas) * u64::from(d.gpus))
-        .sum();
-    if whole > memory.len() as u64 {
-        return Fit::No;
+impl Devices {
+    pub(in crate::config) fn new(memory: &[u64]) -> Devices {
+        let mut sizes = std::collections::BTreeMap::new();
+        for &m in memory {
+            *sizes.entry(m).or_insert(0u64) += 1;
+        }
+        Devices {
+            memory: memory.to_vec(),
+            sizes: sizes.into_iter().collect(),
+        }
     }
-    // Whole-device replicas leave the most memory to the others on the smallest devices.
-    let mut sorted = memory.to_vec();
-    sorted.sort_unstable();
-    let left: u64 = sorted.iter().skip(whole as usize).sum();
-    let asked: u128 = demands
-        .iter()
-        .filter_map(|d| {
-            d.bytes
-                .map(|b| u128::from(d.replicas) * u128::from(d.gpus) * u128::from(b))
-        })
-        .sum();
-    if asked > u128::from(left) {
-        return Fit::No;
+
+    pub(in crate::config) fn len(&self) -> usize {
+        self.memory.len()
     }
-    let replicas: u64 = demands.iter().map(|d| u64::from(d.replicas)).sum();
-    if memory.len() > MAX_DEVICES || replicas > MAX_REPLICAS {
-        return Fit::Unknown;
+
+    /// How many devices have at least `bytes`.
+    pub(in crate::config) fn at_least(&self, bytes: u64) -> u64 {
+        self.sizes
+            .iter()
+            .filter(|(m, _)| *m >= bytes)
+            .map(|(_, n)| n)
+            .sum()
     }
-    // Hardest first: whole devices, then the largest shares; first fit then usually succeeds.
-    let mut items: Vec<Demand> = demands
-        .iter()
-        .flat_map(|d| std::iter::repeat_n(*d, d.replicas as usize))
-        .collect();
-    items.sort_by_key(|d| {
-        (
-            d.bytes.is_some(),
-            std::cmp::Reverse(d.bytes.unwrap_or(0)),
-            std::cmp::Reverse(d.gpus),
-        )
-    });
-    let start: Vec<Device> = memory
-        .iter()
-        .map(|&m| Device { total: m, free: m })
-        .collect();
-    let mut search = Search {
-        items: &items,
-        failed: HashSet::new(),
-        budget: BUDGET,
-    };
-    match search.place(0, normal(start)) {
-        Some(true) => Fit::Fits,
-        Some(false) => Fit::No,
-        None => Fit::Unknown,
+
+    /// Whether `k` replicas of `d` fit with nothing else on the devices. Exact: with `c` slots on
+    /// a device (how many replicas' shares it holds), `k` replicas that each need `g` distinct
+    /// devices fit iff Σ min(c, k) ≥ k·g.
+    fn alone(&self, d: &Demand, k: u64) -> bool {
+        let held: u64 = self
+            .sizes
+            .iter()
+            .map(|&(m, n)| {
+                let slots = match d.bytes {
+                    Some(b) => m / b.max(1),
+                    None => 1,
+                };
+                slots.min(k).saturating_mul(n)
+            })
+            .fold(0u64, u64::saturating_add);
+        held >= k.saturating_mul(u64::from(d.gpus.max(1)))
+    }
+
+    /// Whether `d.replicas` of `d` fit with nothing else on the devices.
+    pub(in crate::config) fn fits_alone(&self, d: &Demand) -> bool {
+        self.alone(d, u64::from(d.replicas))
+    }
+
+    /// The most replicas of `d` (at most `d.replicas`) that fit with nothing else on the devices.
+    /// Σ min(c, k) − k·g is concave in k and 0 at k = 0, so the ks that fit are 0..=K.
+    pub(in crate::config) fn most_alone(&self, d: &Demand) -> u32 {
+        let (mut lo, mut hi) = (0u64, u64::from(d.replicas));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.alone(d, mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo as u32
+    }
+
+    /// Whether every demand's replicas can be placed at once.
+    pub(in crate::config) fn together(&self, demands: &[Demand]) -> Fit {
+        let whole: u64 = demands
+            .iter()
+            .filter(|d| d.bytes.is_none())
+            .map(|d| u64::from(d.replicas) * u64::from(d.gpus))
+            .sum();
+        if whole > self.len() as u64 {
+            return Fit::No;
+        }
+        // Whole-device replicas leave the most memory to the others on the smallest devices.
+        let (mut skip, mut left) = (whole, 0u128);
+        for &(m, n) in &self.sizes {
+            let taken = skip.min(n);
+            skip -= taken;
+            left += u128::from(m) * u128::from(n - taken);
+        }
+        let asked: u128 = demands
+            .iter()
+            .filter_map(|d| {
+                d.bytes
+                    .map(|b| u128::from(d.replicas) * u128::from(d.gpus) * u128::from(b))
+            })
+            .sum();
+        if asked > left {
+            return Fit::No;
+        }
+        let replicas: u64 = demands.iter().map(|d| u64::from(d.replicas)).sum();
+        if self.len() > MAX_DEVICES || replicas > MAX_REPLICAS {
+            return Fit::Unknown;
+        }
+        // Hardest first: whole devices, then the largest shares; first fit then usually succeeds.
+        let mut items: Vec<Demand> = demands
+            .iter()
+            .flat_map(|d| std::iter::repeat_n(*d, d.replicas as usize))
+            .collect();
+        items.sort_by_key(|d| {
+            (
+                d.bytes.is_some(),
+                std::cmp::Reverse(d.bytes.unwrap_or(0)),
+                std::cmp::Reverse(d.gpus),
+            )
+        });
+        let start: Vec<Device> = self
+            .memory
+            .iter()
+            .map(|&m| Device { total: m, free: m })
+            .collect();
+        let mut search = Search {
+            items: &items,
+            failed: HashSet::new(),
+            budget: BUDGET,
+        };
+        match search.place(0, normal(start)) {
+            Some(true) => Fit::Fits,
+            Some(false) => Fit::No,
+            None => Fit::Unknown,
+        }
+    }
+
+    /// "2 × 80.0GiB, 1 × 40.0GiB"
+    pub(in crate::config) fn describe(&self) -> String {
+        let mut listed: Vec<String> = self
+            .sizes
+            .iter()
+            .rev()
+            .take(LISTED)
+            .map(|(m, n)| format!("{n} × {}", short_bytes(*m)))
+            .collect();
+        if self.sizes.len() > LISTED {
+            listed.push("…".to_string());
+        }
+        listed.join(", ")
     }
 }
 
@@ -228,22 +294,6 @@ impl Search<'_> {
         }
         Some(false)
     }
-}
-
-/// "2 × 80.0GiB, 1 × 40.0GiB"
-pub(in crate::config) fn describe_devices(memory: &[u64]) -> String {
-    let mut sizes: Vec<(u64, usize)> = Vec::new();
-    for &m in memory {
-        match sizes.iter_mut().find(|(s, _)| *s == m) {
-            Some((_, n)) => *n += 1,
-            None => sizes.push((m, 1)),
-        }
-    }
-    sizes
-        .iter()
-        .map(|(m, n)| format!("{n} × {}", short_bytes(*m)))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// One replica's ask: "1 GPU with 40.0GiB", "2 whole GPUs".
