@@ -21,7 +21,7 @@ fn has_port(template: &str) -> bool {
     placeholders_in(template).contains(&"port")
 }
 
-/// The host and port of an http:// URL.
+/// The address (host and port) of an http:// URL, and the rest of it.
 fn authority(url: &str) -> (&str, &str) {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -37,8 +37,8 @@ impl Cx<'_> {
     ) -> Res<()> {
         for (m, mark) in models.iter().zip(marks) {
             self.port_is_passed(m, mark)?;
-            for (key, at, url) in &mark.urls {
-                self.url_uses_port(key, at.clone(), url)?;
+            for u in &mark.urls {
+                self.url_uses_port(&u.key, u.at.clone(), &u.url)?;
             }
         }
         // With NVML (or `auto`, which may find it) the devices are known only at run time; the

@@ -43,8 +43,15 @@ pub(super) struct Marks {
     pub gpus: At,
     pub gpu_memory: At,
     pub min: At,
-    /// (key, place, URL template) of the warm-up, liveness and scrape URLs.
-    pub urls: Vec<(String, At, String)>,
+    /// The warm-up, liveness and scrape URLs.
+    pub urls: Vec<UrlMark>,
+}
+
+/// A URL template of a model and where it is.
+pub(super) struct UrlMark {
+    pub key: String,
+    pub at: At,
+    pub url: String,
 }
 
 pub(in crate::config) struct Cx<'a> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::{at, Cx, Marks, Res};
+use super::{at, Cx, Marks, Res, UrlMark};
 use crate::config::raw::{
     index, join, Opt, RawLiveness, RawModel, RawScaling, RawSignal, RawWarmup, Templates,
 };
@@ -183,10 +183,14 @@ impl Cx<'_> {
         &self,
         key: String,
         raw: &Spanned<String>,
-        urls: &mut Vec<(String, super::At, String)>,
+        urls: &mut Vec<UrlMark>,
     ) -> Res<String> {
         self.url(&key, raw)?;
-        urls.push((key, Some(raw.span()), raw.get_ref().clone()));
+        urls.push(UrlMark {
+            key,
+            at: Some(raw.span()),
+            url: raw.get_ref().clone(),
+        });
         Ok(raw.get_ref().clone())
     }
 
@@ -194,7 +198,7 @@ impl Cx<'_> {
         &self,
         p: &str,
         raw: &Spanned<RawWarmup>,
-        urls: &mut Vec<(String, super::At, String)>,
+        urls: &mut Vec<UrlMark>,
     ) -> Res<WarmupConfig> {
         let here = Some(raw.span());
         let raw = raw.get_ref();
@@ -270,7 +274,7 @@ impl Cx<'_> {
         &self,
         p: &str,
         raw: &Spanned<RawLiveness>,
-        urls: &mut Vec<(String, super::At, String)>,
+        urls: &mut Vec<UrlMark>,
     ) -> Res<LivenessConfig> {
         let here = Some(raw.span());
         let raw = raw.get_ref();
@@ -305,7 +309,7 @@ impl Cx<'_> {
         &self,
         p: &str,
         raw: &Spanned<RawSignal>,
-        urls: &mut Vec<(String, super::At, String)>,
+        urls: &mut Vec<UrlMark>,
     ) -> Res<SignalConfig> {
         let here = Some(raw.span());
         let raw = raw.get_ref();
