@@ -32,7 +32,14 @@ pub enum Command {
         config: PathBuf,
     },
     /// Validate a configuration file without starting anything
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The configuration file
+        file: PathBuf,
+        /// Skip checking that each model's command exists on this host (for a file checked away
+        /// from the host that will run it)
+        #[arg(long)]
+        no_binaries: bool,
+    },
     /// Models, replicas and GPUs
     Status {
         model: Option<String>,

@@ -25,7 +25,9 @@ fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
         return;
     }
     let env = Env::new((31300, 31309));
-    env.write_config(&env.config("auto", &[("GPU-static-a", 80), ("GPU-static-b", 40)], ""));
+    // No models, said explicitly (a file without [[model]] must say `model = []`).
+    let config = env.config("auto", &[("GPU-static-a", 80), ("GPU-static-b", 40)], "");
+    env.write_config(&format!("model = []\n{config}"));
     let d = Daemon::start(env);
     let g = gpus(&d.socket());
     let uuids: Vec<&str> = g.iter().filter_map(|g| g["uuid"].as_str()).collect();
@@ -63,7 +65,8 @@ fn backend_nvml_without_nvml_exits_1_and_says_so() {
         return;
     }
     let env = Env::new((31310, 31319));
-    env.write_config(&env.config("nvml", &[("GPU-static-a", 80)], ""));
+    let config = env.config("nvml", &[("GPU-static-a", 80)], "");
+    env.write_config(&format!("model = []\n{config}"));
     let mut child = Command::new(HEARTH)
         .args(["daemon", "--config"])
         .arg(env.config_path())
