@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use serde_json::Value;
 
 use crate::client::{socket_path, Client};
-use crate::protocol::{GpuView, ModelView, Report, Request, StatusView, WarmPoolSetting};
+use crate::protocol::{GpuView, ModelView, Report, Request, Response, StatusView, WarmPoolSetting};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -96,7 +95,7 @@ pub enum Command {
 
 fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
     if s == "auto" {
-        return Ok(WarmPoolSetting::Auto(crate::protocol::AutoTag::Auto));
+        return Ok(WarmPoolSetting::AUTO);
     }
     s.parse()
         .map(WarmPoolSetting::Count)
@@ -106,22 +105,8 @@ fn parse_warm(s: &str) -> Result<WarmPoolSetting, String> {
 /// Runs a client verb against the daemon.
 pub async fn client_verb(command: Command, socket: Option<PathBuf>) -> ExitCode {
     let (request, render): (Request, Render) = match command {
-        Command::Status { model, json } => (
-            Request::Status { model },
-            if json {
-                Render::Json("status")
-            } else {
-                Render::Status
-            },
-        ),
-        Command::Gpus { json } => (
-            Request::Gpus,
-            if json {
-                Render::Json("gpus")
-            } else {
-                Render::Gpus
-            },
-        ),
+        Command::Status { model, json } => (Request::Status { model }, Render::Status { json }),
+        Command::Gpus { json } => (Request::Gpus, Render::Gpus { json }),
         Command::Watch { model } => (Request::Watch { model }, Render::Stream),
         Command::Report {
             model,
@@ -187,54 +172,45 @@ pub async fn client_verb(command: Command, socket: Option<PathBuf>) -> ExitCode 
             return ExitCode::from(2);
         }
     };
-    let answer = match client.call(&request).await {
-        Ok(a) => a,
+    let response = match client.ask(&request).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(failure)) => {
+            eprintln!("hearth: {failure}");
+            return ExitCode::from(1);
+        }
         Err(e) => {
             eprintln!("hearth: {e}");
             return ExitCode::from(2);
         }
     };
-    if answer["ok"] != Value::Bool(true) {
-        eprintln!(
-            "hearth: {}: {}",
-            answer["error"].as_str().unwrap_or("error"),
-            answer["message"].as_str().unwrap_or("")
-        );
-        return ExitCode::from(1);
-    }
-    match render {
-        Render::Quiet => {}
-        Render::Json(key) => {
-            let text = serde_json::to_string_pretty(&answer[key]).unwrap_or_default();
-            print_out(&format!("{text}\n"));
+    match (render, response) {
+        (Render::Quiet, _) => {}
+        (Render::Status { json: true }, Response::Status { status }) => print_json(&status),
+        (Render::Status { json: false }, Response::Status { status }) => {
+            print_out(&status_table(&status));
         }
-        Render::Status => match serde_json::from_value::<StatusView>(answer["status"].clone()) {
-            Ok(s) => {
-                print_out(&status_table(&s));
-            }
-            Err(e) => {
-                eprintln!("hearth: unexpected status answer: {e}");
-                return ExitCode::from(1);
-            }
-        },
-        Render::Gpus => match serde_json::from_value::<Vec<GpuView>>(answer["gpus"].clone()) {
-            Ok(g) => {
-                print_out(&gpu_table(&g));
-            }
-            Err(e) => {
-                eprintln!("hearth: unexpected gpus answer: {e}");
-                return ExitCode::from(1);
-            }
-        },
-        Render::Stream => {
-            while let Some(ev) = client.next().await {
-                if !print_out(&format!("{ev}\n")) {
+        (Render::Gpus { json: true }, Response::Gpus { gpus }) => print_json(&gpus),
+        (Render::Gpus { json: false }, Response::Gpus { gpus }) => {
+            print_out(&gpu_table(&gpus));
+        }
+        (Render::Stream, _) => {
+            while let Some(line) = client.next_line().await {
+                if !print_out(&format!("{line}\n")) {
                     break;
                 }
             }
         }
+        (_, other) => {
+            eprintln!("hearth: unexpected answer: {other:?}");
+            return ExitCode::from(1);
+        }
     }
     ExitCode::SUCCESS
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    print_out(&format!("{text}\n"));
 }
 
 /// Writes to stdout; false once the reader went away (`hearth status --json | head` is not an
@@ -249,9 +225,8 @@ fn print_out(text: &str) -> bool {
 
 enum Render {
     Quiet,
-    Json(&'static str),
-    Status,
-    Gpus,
+    Status { json: bool },
+    Gpus { json: bool },
     Stream,
 }
 
@@ -320,7 +295,7 @@ fn model_block(m: &ModelView) -> String {
             out.push_str(&format!(
                 "  {:<22} {:<9} {:>8} {:<21} {:>8} {:<10} {}\n",
                 r.id,
-                r.state,
+                r.state.to_string(),
                 opt(r.pid),
                 r.addr.clone().unwrap_or_else(|| "-".into()),
                 r.restarts,

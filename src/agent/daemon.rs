@@ -7,7 +7,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::Value;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +23,9 @@ use super::supervisor::Supervisor;
 use super::{probe, scrape, state};
 use crate::config::{Config, DaemonConfig, GpusConfig};
 use crate::core::{Action, Event, LogLevel, Node, Peer, Time};
-use crate::protocol::{ErrorCode, Failure, Request, StatusView, WatchEvent};
+use crate::protocol::{
+    Answer, ErrorCode, Failure, Health, ReplicaState, Request, StatusView, WatchEvent, WatchedState,
+};
 
 /// Messages to the core's task.
 pub enum ShellMsg {
@@ -33,7 +34,7 @@ pub enum ShellMsg {
     Request {
         peer: Peer,
         request: Request,
-        reply: oneshot::Sender<(Value, u64)>,
+        reply: oneshot::Sender<(Answer, u64)>,
     },
     /// SIGHUP: re-read the configuration file.
     ReloadSignal,
@@ -48,7 +49,8 @@ pub enum ShellMsg {
 pub struct Published {
     pub seq: u64,
     pub event: WatchEvent,
-    pub json: Value,
+    /// The event as its watchers get it, serialized once for all of them.
+    pub line: String,
 }
 
 /// Wall-clock time carried forward by a monotonic clock: timestamps operators can read, and
@@ -311,12 +313,12 @@ impl Daemon {
                             ErrorCode::Forbidden,
                             "op \"reload\" needs the admin role",
                         );
-                        let _ = reply.send((f.to_value(), fx.seq));
+                        let _ = reply.send((Err(f), fx.seq));
                         continue;
                     }
                     if stopping {
                         let f = Failure::new(ErrorCode::Busy, "shutting down: not reloading");
-                        let _ = reply.send((f.to_value(), fx.seq));
+                        let _ = reply.send((Err(f), fx.seq));
                         continue;
                     }
                     fx.begin(now, None);
@@ -345,7 +347,7 @@ impl Daemon {
                                 ErrorCode::BadRequest,
                                 format!("configuration not reloaded: {e}"),
                             );
-                            let _ = reply.send((f.to_value(), fx.seq));
+                            let _ = reply.send((Err(f), fx.seq));
                         }
                     }
                     // Applied or refused: either way the daemon runs a valid configuration.
@@ -509,19 +511,15 @@ pub fn status_line(st: &StatusView, gpu_kind: &str, stopping: bool) -> String {
             .join(", ")
     };
     for (label, list) in [
-        ("crash_loop", names(&|m| m.health == "crash_loop")),
-        ("no_capacity", names(&|m| m.health == "no_capacity")),
+        ("crash_loop", names(&|m| m.health == Health::CrashLoop)),
+        ("no_capacity", names(&|m| m.health == Health::NoCapacity)),
         (
             "rollout halted",
-            names(&|m| m.rollout.as_deref().is_some_and(|r| r.contains(" halted "))),
+            names(&|m| m.rollout.as_ref().is_some_and(|r| r.halted.is_some())),
         ),
         (
             "rolling out",
-            names(&|m| {
-                m.rollout
-                    .as_deref()
-                    .is_some_and(|r| !r.contains(" halted "))
-            }),
+            names(&|m| m.rollout.as_ref().is_some_and(|r| r.halted.is_none())),
         ),
     ] {
         if !list.is_empty() {
@@ -547,7 +545,7 @@ struct Effects {
     tx: mpsc::Sender<ShellMsg>,
     published: broadcast::Sender<Arc<Published>>,
     seq: u64,
-    replies: HashMap<u64, oneshot::Sender<(Value, u64)>>,
+    replies: HashMap<u64, oneshot::Sender<(Answer, u64)>>,
     next_id: u64,
     state_dir: PathBuf,
     done: bool,
@@ -571,14 +569,14 @@ struct Effects {
 }
 
 struct Seen {
-    state: String,
+    state: ReplicaState,
     since: Time,
     call: u64,
     gpus: Option<String>,
 }
 
 impl Effects {
-    fn register(&mut self, reply: oneshot::Sender<(Value, u64)>) -> u64 {
+    fn register(&mut self, reply: oneshot::Sender<(Answer, u64)>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.replies.insert(id, reply);
@@ -602,20 +600,24 @@ impl Effects {
     /// measure is the daemon's own reaction: from taking up the event (a report, a replica's
     /// exit, a tick) to publishing the routed set that holds the replica. A replica that warms
     /// and is routed in the same event filled a gap with a cold start, and counts as cold only.
-    fn replica_state(&mut self, model: &str, replica: &str, state: &str) {
+    fn replica_state(&mut self, model: &str, replica: &str, state: WatchedState) {
         self.changed = true;
-        if state == "gone" {
-            self.replicas.remove(replica);
-            return;
-        }
+        let state = match state {
+            WatchedState::State(s) => s,
+            WatchedState::Gone(_) => {
+                self.replicas.remove(replica);
+                return;
+            }
+        };
         let prev = self.replicas.get(replica);
-        match (prev.map(|p| p.state.as_str()), state) {
-            (Some("starting"), "warm") => {
-                let since = prev.expect("matched").since;
+        match (prev.map(|p| (p.state, p.since)), state) {
+            (Some((ReplicaState::Starting, since)), ReplicaState::Warm) => {
                 let secs = self.now.since(since).as_secs_f64();
                 self.recorder.ready(model, ReadyPath::Cold, secs);
             }
-            (Some("warm"), "routed") if prev.is_some_and(|p| p.call < self.call) => {
+            (Some((ReplicaState::Warm, _)), ReplicaState::Routed)
+                if prev.is_some_and(|p| p.call < self.call) =>
+            {
                 let secs = self.started.elapsed().as_secs_f64();
                 self.recorder.ready(model, ReadyPath::Promote, secs);
             }
@@ -625,7 +627,7 @@ impl Effects {
         self.replicas.insert(
             replica.to_string(),
             Seen {
-                state: state.to_string(),
+                state,
                 since: self.now,
                 call: self.call,
                 gpus,
@@ -691,14 +693,14 @@ impl Effects {
                             .await;
                     });
                 }
-                Action::Reply { id, response } => {
+                Action::Reply { id, answer } => {
                     if let Some(model) = self.reports.remove(&id) {
-                        if response["ok"] == Value::Bool(true) {
+                        if answer.is_ok() {
                             self.recorder.report(&model);
                         }
                     }
                     if let Some(tx) = self.replies.remove(&id) {
-                        let _ = tx.send((response, self.seq));
+                        let _ = tx.send((answer, self.seq));
                     }
                 }
                 Action::Publish(event) => {
@@ -707,7 +709,7 @@ impl Effects {
                             model,
                             replica,
                             state,
-                        } => self.replica_state(model, replica, state),
+                        } => self.replica_state(model, replica, *state),
                         WatchEvent::Scale {
                             model, from, to, ..
                         } => {
@@ -717,15 +719,15 @@ impl Effects {
                         WatchEvent::Routed { .. } | WatchEvent::Gpu { .. } => self.changed = true,
                     }
                     self.seq += 1;
-                    let json = serde_json::to_value(&event).unwrap_or_default();
+                    let line = serde_json::to_string(&event).unwrap_or_default();
                     let _ = self.published.send(Arc::new(Published {
                         seq: self.seq,
                         event,
-                        json,
+                        line,
                     }));
                 }
-                Action::PersistOverrides(v) => {
-                    if let Err(e) = state::save(&self.state_dir, &v) {
+                Action::PersistOverrides(overrides) => {
+                    if let Err(e) = state::save(&self.state_dir, &overrides) {
                         tracing::error!(
                             "saving scale overrides in {}: {e}",
                             self.state_dir.display()
@@ -774,7 +776,7 @@ mod tests {
     use super::*;
     use crate::protocol::{GpuView, ModelView};
 
-    fn model(name: &str, counts: [u32; 5], health: &str, rollout: Option<&str>) -> ModelView {
+    fn model(name: &str, counts: [u32; 5], health: &str, halted: Option<&str>) -> ModelView {
         let [routed, warm, starting, pending, draining] = counts;
         let mut m: ModelView = serde_json::from_value(serde_json::json!({
             "name": name, "version": "1", "health": health, "routed": routed, "warm": warm,
@@ -783,7 +785,13 @@ mod tests {
             "target_wait_ms": 500, "signal": {}, "last_scale": null, "replicas": []
         }))
         .unwrap();
-        m.rollout = rollout.map(str::to_string);
+        m.rollout = Some(crate::protocol::RolloutView {
+            version: "2".into(),
+            from: "1".into(),
+            updated: 0,
+            halted: halted.map(str::to_string),
+        })
+        .filter(|_| halted.is_some());
         m
     }
 

@@ -1,13 +1,13 @@
 //! What the world tells the core (events) and what the core asks of the world (actions).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::gpu::GpuDevice;
+use super::model::Overrides;
 use super::replica::ReplicaId;
 use crate::config::{Config, ScrapeFormat};
-use crate::protocol::{Request, Role, WatchEvent};
+use crate::protocol::{Answer, Request, Role, WatchEvent};
 
 /// Ties a control request to its answer; chosen by the shell.
 pub type RequestId = u64;
@@ -227,14 +227,15 @@ pub enum Action {
         format: ScrapeFormat,
         timeout: Duration,
     },
+    /// The answer to `Event::Request` `id`; the socket layer writes it.
     Reply {
         id: RequestId,
-        response: Value,
+        answer: Answer,
     },
     /// A watch event: the routed set changed, a replica changed state, a scale decision, a GPU.
     Publish(WatchEvent),
-    /// Scale overrides changed: the shell writes them to state_dir.
-    PersistOverrides(Value),
+    /// Scale overrides changed: the shell writes every model's (those with any) to state_dir.
+    PersistOverrides(BTreeMap<String, Overrides>),
     Log {
         level: LogLevel,
         model: Option<String>,

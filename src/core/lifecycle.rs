@@ -4,7 +4,7 @@ use super::event::{Action, LogLevel, ProbeKind, StopSignal};
 use super::node::{Node, ShutdownState};
 use super::replica::{ReplicaId, ReplicaState};
 use super::Time;
-use crate::protocol::WatchEvent;
+use crate::protocol::{WatchEvent, WatchedState};
 use crate::units::short_duration as fmt_dur;
 
 impl Node {
@@ -171,7 +171,7 @@ impl Node {
                 );
             }
             _ => {
-                let why = format!("{} replica {what}", state.as_str());
+                let why = format!("{state} replica {what}");
                 self.record_failure(&model, id, &why, now, out);
             }
         }
@@ -192,7 +192,7 @@ impl Node {
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),
             replica: id.0.clone(),
-            state: "gone".into(),
+            state: WatchedState::GONE,
         }));
         if let Some(m) = self.models.get(&r.model) {
             if m.removed && !self.replicas.values().any(|x| x.model == r.model) {
@@ -348,7 +348,7 @@ impl Node {
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),
             replica: id.0.clone(),
-            state: state.as_str().into(),
+            state: state.into(),
         }));
     }
 

@@ -3,8 +3,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::event::{Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, RequestId};
 use super::gpu::{GpuDevice, GpuTable};
 use super::model::{ModelState, Overrides};
@@ -13,7 +11,12 @@ use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::signal::{ModelSignal, Sample};
 use super::Time;
 use crate::config::{Config, PortRange};
-use crate::protocol::{self, Endpoint, ErrorCode, Failure, Report, Request, Role, WatchEvent};
+use crate::protocol::{
+    self, Answer, Endpoint, ErrorCode, Failure, Report, Request, Response, Role, WatchEvent,
+};
+
+/// The answer of an op that has nothing to say but yes.
+const DONE: Response = Response::Done {};
 use crate::units::short_duration;
 
 /// A starting replica that refused the connection or answered 503 is still loading: try again
@@ -129,20 +132,11 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let response = match self.answer(peer, req, now, out) {
-            Ok(v) => v,
-            Err(f) => f.to_value(),
-        };
-        out.push(Action::Reply { id, response });
+        let answer = self.answer(peer, req, now, out);
+        out.push(Action::Reply { id, answer });
     }
 
-    fn answer(
-        &mut self,
-        peer: &Peer,
-        req: Request,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) -> Result<serde_json::Value, Failure> {
+    fn answer(&mut self, peer: &Peer, req: Request, now: Time, out: &mut Vec<Action>) -> Answer {
         let needed = req.required_role();
         // A replica's own processes may report for that replica without the reporter role.
         let own_report = matches!(req, Request::Report(_)) && self.replica_of_peer(peer).is_some();
@@ -150,29 +144,29 @@ impl Node {
             return Err(Failure::new(
                 ErrorCode::Forbidden,
                 format!(
-                    "op {:?} needs the {:?} role; uid {} has {:?}",
+                    "op \"{}\" needs the {needed} role; uid {} has {}",
                     req.op(),
-                    needed,
                     peer.uid,
                     peer.role
-                )
-                .to_lowercase(),
+                ),
             ));
         }
         match req {
-            Request::Version => Ok(
-                json!({"ok": true, "version": self.version, "protocol": protocol::PROTOCOL_VERSION}),
-            ),
+            Request::Version => Ok(Response::Version {
+                version: self.version.clone(),
+                protocol: protocol::PROTOCOL_VERSION,
+            }),
             Request::Status { model } => {
                 if let Some(m) = &model {
                     self.model_known(m)?;
                 }
-                Ok(protocol::ok_with(
-                    "status",
-                    self.status(model.as_deref(), now),
-                ))
+                Ok(Response::Status {
+                    status: self.status(model.as_deref(), now),
+                })
             }
-            Request::Gpus => Ok(protocol::ok_with("gpus", self.gpus.views())),
+            Request::Gpus => Ok(Response::Gpus {
+                gpus: self.gpus.views(),
+            }),
             Request::Watch { model } => {
                 if let Some(m) = &model {
                     self.model_known(m)?;
@@ -186,12 +180,10 @@ impl Node {
                         endpoints: self.routed_endpoints(name),
                     })
                     .collect();
-                Ok(protocol::ok_with("snapshot", snapshot))
+                Ok(Response::Watching { snapshot })
             }
-            Request::Report(report) => self.report(peer, report, now, out).map(|_| protocol::ok()),
-            Request::Drain { replica } => self
-                .drain_request(&replica, now, out)
-                .map(|_| protocol::ok()),
+            Request::Report(report) => self.report(peer, report, now, out).map(|_| DONE),
+            Request::Drain { replica } => self.drain_request(&replica, now, out).map(|_| DONE),
             Request::Scale {
                 model,
                 min,
@@ -199,17 +191,13 @@ impl Node {
                 warm_pool,
             } => self
                 .scale_request(&model, min, max, warm_pool, now, out)
-                .map(|_| protocol::ok()),
+                .map(|_| DONE),
             Request::Cordon {
                 gpu,
                 reason,
                 evacuate,
-            } => self
-                .cordon(&gpu, true, reason, evacuate, out)
-                .map(|_| protocol::ok()),
-            Request::Uncordon { gpu } => self
-                .cordon(&gpu, false, None, false, out)
-                .map(|_| protocol::ok()),
+            } => self.cordon(&gpu, true, reason, evacuate, out).map(|_| DONE),
+            Request::Uncordon { gpu } => self.cordon(&gpu, false, None, false, out).map(|_| DONE),
             Request::Reload => Err(Failure::new(
                 ErrorCode::BadRequest,
                 "reload is read by the daemon's shell; it never reaches the core",
@@ -463,7 +451,7 @@ impl Node {
         let (lo, hi) = (m.min(), m.max());
         let reason = format!("operator set min {lo}, max {hi}");
         let clamped = m.desired_routed.clamp(lo, hi);
-        out.push(Action::PersistOverrides(self.overrides_value()));
+        out.push(Action::PersistOverrides(self.overrides()));
         self.set_desired(
             model,
             Decision {
@@ -476,14 +464,13 @@ impl Node {
         Ok(())
     }
 
-    pub(super) fn overrides_value(&self) -> serde_json::Value {
-        let map: BTreeMap<&str, &Overrides> = self
-            .models
+    /// Every model's scale overrides, for models that have any.
+    pub(super) fn overrides(&self) -> BTreeMap<String, Overrides> {
+        self.models
             .iter()
             .filter(|(_, m)| !m.overrides.is_empty())
-            .map(|(k, m)| (k.as_str(), &m.overrides))
-            .collect();
-        serde_json::to_value(map).unwrap_or_default()
+            .map(|(k, m)| (k.clone(), m.overrides.clone()))
+            .collect()
     }
 
     // ---- signal ------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ impl Node {
         out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
             model: model.to_string(),
             replica: id.0,
-            state: ReplicaState::Pending.as_str().into(),
+            state: ReplicaState::Pending.into(),
         }));
     }
 

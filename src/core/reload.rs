@@ -89,7 +89,7 @@ impl Node {
         if let Some(id) = id {
             out.push(Action::Reply {
                 id,
-                response: protocol::ok(),
+                answer: Ok(protocol::Response::Done {}),
             });
         }
     }

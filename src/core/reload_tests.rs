@@ -63,10 +63,17 @@ fn a_version_change_warms_new_replicas_before_old_ones_drain() {
     assert_eq!(signals(&out, StopSignal::Term).len(), 1);
     assert_eq!(routed(&h), 2);
     let st = h.node.status(Some("m"), h.now);
-    assert!(st.models[0]
-        .rollout
-        .as_deref()
-        .unwrap()
+    let rollout = st.models[0].rollout.clone().unwrap();
+    assert_eq!(
+        (
+            rollout.version.as_str(),
+            rollout.from.as_str(),
+            rollout.halted.as_deref()
+        ),
+        ("2", "1", None)
+    );
+    assert!(rollout
+        .to_string()
         .starts_with("rolling out version 2 (from 1)"));
     let mut actions = out;
     let mut min_routed = routed(&h);
@@ -127,7 +134,7 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
         }
     }
     let st = h.node.status(Some("m"), h.now);
-    let text = st.models[0].rollout.clone().unwrap();
+    let text = st.models[0].rollout.clone().unwrap().halted.unwrap();
     assert!(
         text.contains("halted") && text.contains("version 1 keeps serving"),
         "{text}"

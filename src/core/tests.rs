@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::config::Config;
+use crate::protocol::Health;
 use crate::protocol::{Report, Request, Role, WatchEvent};
 
 pub(super) const BASE: &str = r#"
@@ -102,7 +103,10 @@ impl Harness {
         let out = self.send(Event::Request { id, peer, request });
         out.into_iter()
             .find_map(|a| match a {
-                Action::Reply { id: i, response } if i == id => Some(response),
+                Action::Reply { id: i, answer } if i == id => {
+                    // As the socket writes it, so that tests read what a client reads.
+                    serde_json::from_str(&crate::protocol::encode_answer(&answer)).ok()
+                }
                 _ => None,
             })
             .expect("every request is answered")
@@ -388,7 +392,7 @@ fn a_replica_that_never_warms_is_stopped_and_restarts_back_off_longer_each_time(
         assert!(*g >= want && *g < want + 500, "gaps {gaps:?}");
     }
     let st = h.node.status(Some("m"), h.now);
-    assert_eq!(st.models[0].health, "crash_loop");
+    assert_eq!(st.models[0].health, Health::CrashLoop);
     assert!(
         st.models[0].health_reason.contains("warm-up did not pass"),
         "{}",
@@ -605,7 +609,7 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], s.gpus[0]);
     }
     let st = h.node.status(Some("g"), h.now);
-    assert_eq!(st.models[0].health, "no_capacity");
+    assert_eq!(st.models[0].health, Health::NoCapacity);
     assert!(
         st.models[0]
             .health_reason
@@ -750,7 +754,7 @@ fn status_explains_pending_replicas() {
     h.exit(&ids[0], "exit status 1");
     let st = h.node.status(Some("m"), h.now);
     let r = &st.models[0].replicas[0];
-    assert_eq!(r.state, "pending");
+    assert_eq!(r.state, ReplicaState::Pending);
     assert!(r.reason.starts_with("restart back-off"), "{}", r.reason);
     assert!(st.models[0].replicas[0].restarts >= 1);
 }
