@@ -124,7 +124,7 @@ impl Node {
                     out.push(Action::Probe {
                         replica: id.clone(),
                         kind: ProbeKind::Warmup,
-                        after: super::node::WARMUP_RETRY_LOADING,
+                        after: super::probes::WARMUP_RETRY_LOADING,
                         spec,
                     });
                 }

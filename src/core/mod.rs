@@ -14,13 +14,16 @@ mod node;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+mod ports;
 mod prefetch;
+mod probes;
 mod reclaim;
 mod reconcile;
 mod reload;
 #[cfg(test)]
 mod reload_tests;
 mod replica;
+mod requests;
 mod scrape;
 mod signal;
 pub mod status;
