@@ -276,3 +276,49 @@ fn the_log_level_follows_the_file_on_reload() {
         "no info lines at level warn: {after:#?}"
     );
 }
+
+#[test]
+fn a_fifo_at_the_config_path_stalls_nothing() {
+    let opts = Opts::new(vec![Toy::new("toy")]);
+    let mut d = Daemon::start(opts.clone());
+    d.wait_settled("toy", 2, 1, Duration::from_secs(30));
+    // Opening a FIFO for reading waits for a writer, and none ever comes.
+    std::fs::remove_file(&d.config_path).unwrap();
+    nix::unistd::mkfifo(
+        &d.config_path,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+
+    // SIGHUP, then status at once: the connection gives up after 10 s, the FIFO never would.
+    d.signal(libc::SIGHUP);
+    for _ in 0..5 {
+        assert_eq!(d.model("toy")["routed"], 2, "status answers");
+    }
+    wait_until(
+        "the refused SIGHUP in the log",
+        Duration::from_secs(10),
+        || {
+            let log = d.log();
+            (log.contains("SIGHUP: configuration not reloaded, the running one is kept")
+                && log.contains("not a regular file"))
+            .then_some(())
+        },
+    );
+    let out = d.cli(&["reload"]);
+    assert_eq!(out.status.code(), Some(1), "hearth reload fails");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&d.config_path.display().to_string()) && err.contains("not a regular file"),
+        "{err}"
+    );
+    assert!(d.running());
+
+    // A file back in its place reloads as usual.
+    std::fs::remove_file(&d.config_path).unwrap();
+    let mut opts = opts;
+    opts.models[0].max = 6;
+    d.write_config(opts);
+    reload_ok(&d);
+    assert_eq!(d.model("toy")["max"], 6);
+}

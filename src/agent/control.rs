@@ -10,16 +10,16 @@ use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
-use super::daemon::{Published, ShellMsg};
+use super::inbox::{self, Answered, Published, ShellMsg};
 use crate::core::Peer;
-use crate::protocol::{self, Answer, ErrorCode, Failure, Request, Response};
+use crate::protocol::{self, ErrorCode, Failure, Request, Response};
 
 /// Binds the socket: probe a stale one before replacing it; bind, chmod 0660, then listen, so
 /// nobody connects before the permissions hold.
@@ -60,7 +60,7 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 
 #[derive(Clone)]
 pub struct Control {
-    pub to_core: mpsc::Sender<ShellMsg>,
+    pub to_core: inbox::Sender,
     pub published: broadcast::Sender<Arc<Published>>,
     pub access: Arc<Access>,
 }
@@ -162,7 +162,7 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
             let answer = match a {
                 Pending::Ready(f) => Err(f),
                 Pending::Core(rx) => match rx.await {
-                    Ok((answer, _)) => answer,
+                    Ok(Answered { answer, .. }) => answer,
                     Err(_) => break 'conn,
                 },
             };
@@ -186,7 +186,7 @@ const BATCH: usize = 64;
 /// A request's answer: known at once (a bad line), or coming from the core.
 enum Pending {
     Ready(Failure),
-    Core(oneshot::Receiver<(Answer, u64)>),
+    Core(oneshot::Receiver<Answered>),
 }
 
 /// What a line asks for.
@@ -227,7 +227,7 @@ fn classify(line: Line) -> Classified {
 
 /// Sends a request to the core's task and waits for its answer (and the publish sequence number
 /// at the moment it was answered).
-async fn ask(control: &Control, peer: Peer, request: Request) -> Option<(Answer, u64)> {
+async fn ask(control: &Control, peer: Peer, request: Request) -> Option<Answered> {
     let (tx, rx) = oneshot::channel();
     control
         .to_core
@@ -313,7 +313,7 @@ async fn watch(
     shutdown: CancellationToken,
 ) {
     let mut events = control.published.subscribe();
-    let Some((answer, seen)) = ask(control, peer, request).await else {
+    let Some(Answered { answer, seq: seen }) = ask(control, peer, request).await else {
         return;
     };
     if send(&mut framed, &protocol::encode_answer(&answer))

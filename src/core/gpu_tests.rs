@@ -1,12 +1,10 @@
 //! GPU logic through a scripted fake inventory: evacuation on XIDs and cordons, priority
 //! arbitration, foreign memory, overruns.
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
-use crate::config::Config;
 use crate::protocol::Health;
 use crate::protocol::Request;
 
@@ -176,11 +174,7 @@ memory = "80GiB"
 "#;
 
 fn reload(h: &mut Harness, toml: &str) -> Vec<Action> {
-    let config = Config::parse(toml, Path::new("reload.toml")).unwrap();
-    h.send(Event::Reload {
-        id: None,
-        config: Box::new(config),
-    })
+    h.reload(toml)
 }
 
 #[test]

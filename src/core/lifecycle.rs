@@ -340,6 +340,7 @@ impl Node {
         }
         r.state = state;
         r.since = now;
+        r.since_event = self.events;
         r.probe_failures = 0;
         r.deadline = None;
         if state != ReplicaState::Pending {
@@ -356,6 +357,7 @@ impl Node {
         if self.shutdown.is_none() {
             let deadline = now + self.config.daemon.shutdown_timeout;
             self.shutdown = Some(ShutdownState { deadline });
+            self.refuse_reloads(out);
             self.log_global(
                 LogLevel::Info,
                 format!(

@@ -31,8 +31,8 @@ pub mod status;
 mod tests;
 
 pub use event::{
-    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime, RequestId,
-    ScrapedQueue, SpawnSpec, StopSignal,
+    Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
+    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;

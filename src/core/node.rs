@@ -9,6 +9,7 @@ use super::gpu::{GpuDevice, GpuTable};
 use super::model::{ModelState, Overrides};
 use super::policy::{Decision, Inputs};
 use super::ports::PortPool;
+use super::reload::Reloads;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::signal::ModelSignal;
 use super::Time;
@@ -28,9 +29,12 @@ pub struct Node {
     pub(super) ports: PortPool,
     pub(super) shutdown: Option<ShutdownState>,
     pub(super) shutdown_reported: bool,
+    pub(super) reloads: Reloads,
     /// The routed set last published per model, to publish only changes.
     published: BTreeMap<String, Vec<Endpoint>>,
     pub(super) version: String,
+    /// Events handled so far: tells what happened in this event from what happened before.
+    pub(super) events: u64,
 }
 
 impl Node {
@@ -57,13 +61,16 @@ impl Node {
             gpus: GpuTable::new(devices),
             shutdown: None,
             shutdown_reported: false,
+            reloads: Reloads::default(),
             published: BTreeMap::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            events: 0,
         }
     }
 
     pub fn handle(&mut self, event: Event, now: Time) -> Vec<Action> {
         let mut out = Vec::new();
+        self.events += 1;
         match event {
             Event::Tick => self.tick(now, &mut out),
             Event::Spawned { replica, pid } => self.spawned(&replica, pid, now, &mut out),
@@ -83,7 +90,8 @@ impl Node {
             } => self.probed(&replica, kind, outcome, now, &mut out),
             Event::Scraped { replica, outcome } => self.scraped(&replica, outcome, now, &mut out),
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
-            Event::Reload { id, config } => self.reload(id, *config, now, &mut out),
+            Event::ReloadSignal => self.reload_asked(None, &mut out),
+            Event::ConfigRead(read) => self.config_read(read, now, &mut out),
             Event::Inventory(devices) => self.gpus.update(devices),
             Event::GpuXid { uuid, xid } => self.xid(&uuid, xid, now, &mut out),
             Event::GpuMemory {

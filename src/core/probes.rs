@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::event::{Action, LogLevel, ProbeKind, ProbeOutcome, ProbeSpec};
+use super::event::{Action, LogLevel, ProbeKind, ProbeOutcome, ProbeSpec, Readiness};
 use super::node::Node;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
@@ -64,6 +64,11 @@ impl Node {
                         m.time_to_ready = Some(ttr);
                         m.autoscaler.observe_time_to_ready(ttr);
                     }
+                    out.push(Action::Ready {
+                        model,
+                        replica: rid,
+                        how: Readiness::Cold(ttr),
+                    });
                 } else {
                     r.last_probe_error = o.detail;
                     r.reason = format!("warm-up: {}", r.last_probe_error);

@@ -1,7 +1,7 @@
 //! The reconciler: after every event, move each model toward its desired routed count and warm
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
-use super::event::{Action, LogLevel, SpawnSpec};
+use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
@@ -114,11 +114,16 @@ impl Node {
             let Some(id) = self.pick(name, |r| r.promotable(), false) else {
                 break;
             };
+            let warm_before = self
+                .replicas
+                .get(&id)
+                .is_some_and(|r| r.since_event < self.events);
             self.set_state(&id, ReplicaState::Routed, now, out);
-            let r = self.replicas.get_mut(&id).expect("present");
-            r.next_probe = now;
+            if let Some(r) = self.replicas.get_mut(&id) {
+                r.next_probe = now;
+            }
             c.routed += 1;
-            c.warm -= 1;
+            c.warm = c.warm.saturating_sub(1);
             self.log(
                 LogLevel::Info,
                 name,
@@ -126,6 +131,13 @@ impl Node {
                 format!("promoted: routed {} of {desired}", c.routed),
                 out,
             );
+            if warm_before {
+                out.push(Action::Ready {
+                    model: name.to_string(),
+                    replica: id,
+                    how: Readiness::Promoted,
+                });
+            }
         }
 
         // Routed replicas on a device being left drain once the healthy ones cover `desired`;

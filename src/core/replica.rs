@@ -41,6 +41,8 @@ pub struct Replica {
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
+    /// The number of the event (`Node::events`) in which it entered `state`.
+    pub since_event: u64,
     pub created: Time,
     /// When the process was asked for (Starting); time-to-ready is measured from here.
     pub spawned_at: Option<Time>,
@@ -98,6 +100,7 @@ impl Replica {
             ever_warm: false,
             state: ReplicaState::Pending,
             since: now,
+            since_event: 0,
             created: now,
             spawned_at: None,
             pid: None,

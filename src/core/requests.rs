@@ -27,11 +27,17 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let answer = self.answer(peer, req, now, out);
+        let answer = match self.authorize(peer, &req) {
+            Err(f) => Err(f),
+            // Answered once the file is read (config_read).
+            Ok(()) if req == Request::Reload => return self.reload_asked(Some(id), out),
+            Ok(()) => self.answer(peer, req, now, out),
+        };
         out.push(Action::Reply { id, answer });
     }
 
-    fn answer(&mut self, peer: &Peer, req: Request, now: Time, out: &mut Vec<Action>) -> Answer {
+    /// Whether the peer's role allows the request.
+    fn authorize(&self, peer: &Peer, req: &Request) -> Result<(), Failure> {
         let needed = req.required_role();
         // A replica's own processes may report for that replica without the reporter role.
         let own_report = matches!(req, Request::Report(_)) && self.replica_of_peer(peer).is_some();
@@ -46,6 +52,11 @@ impl Node {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The answer to an authorized request.
+    fn answer(&mut self, peer: &Peer, req: Request, now: Time, out: &mut Vec<Action>) -> Answer {
         match req {
             Request::Version => Ok(Response::Version {
                 version: self.version.clone(),
@@ -93,10 +104,13 @@ impl Node {
                 evacuate,
             } => self.cordon(&gpu, true, reason, evacuate, out).map(|_| DONE),
             Request::Uncordon { gpu } => self.cordon(&gpu, false, None, false, out).map(|_| DONE),
-            Request::Reload => Err(Failure::new(
-                ErrorCode::BadRequest,
-                "reload is read by the daemon's shell; it never reaches the core",
-            )),
+            Request::Reload => {
+                // Taken by `request` before any answer: only a read of the file answers it.
+                Err(Failure::new(
+                    ErrorCode::BadRequest,
+                    "reload is answered once the configuration is read",
+                ))
+            }
         }
     }
 

@@ -112,6 +112,23 @@ impl Harness {
             .expect("every request is answered")
     }
 
+    /// SIGHUP with `toml` as the file: the core asks for the file, the shell reads it. Returns
+    /// what the core did with it.
+    pub fn reload(&mut self, toml: &str) -> Vec<Action> {
+        let asked = self.send(Event::ReloadSignal);
+        assert!(
+            asked.contains(&Action::ReadConfig {
+                cause: ReloadCause::Signal
+            }),
+            "{asked:?}"
+        );
+        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
+        self.send(Event::ConfigRead(Ok(Box::new(NewConfig {
+            config,
+            warnings: Vec::new(),
+        }))))
+    }
+
     pub fn report(
         &mut self,
         model: &str,
@@ -314,6 +331,44 @@ fn a_dead_routed_replica_is_replaced_by_promotion_at_once_and_the_pool_refills()
     assert_eq!(spawns(&later), 1);
     h.settle(later);
     assert_eq!(h.in_state("m", ReplicaState::Warm).len(), 1);
+}
+
+fn readiness(actions: &[Action]) -> Vec<(ReplicaId, Readiness)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Ready { replica, how, .. } => Some((replica.clone(), *how)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn time_to_ready_is_the_core_s_figure_and_a_promotion_counts_when_the_replica_was_warm_before() {
+    let mut h = Harness::new(&static_pool(2, 1));
+    let first = h.log.clone();
+    let ids = h.spawn_all(&first);
+    assert_eq!(ids.len(), 3);
+    h.now = h.now + Duration::from_millis(1500);
+    // Warm and routed in the same event: it filled a gap with a cold start, so cold only.
+    let out = h.warm(&ids[0]);
+    assert_eq!(h.in_state("m", ReplicaState::Routed), [ids[0].clone()]);
+    assert_eq!(
+        readiness(&out),
+        [(ids[0].clone(), Readiness::Cold(Duration::from_millis(1500)))]
+    );
+    let st = h.node.status(Some("m"), h.now);
+    assert_eq!(st.models[0].time_to_ready_ms, Some(1500), "the same figure");
+    h.settle(Vec::new());
+    for id in &ids[1..] {
+        h.warm(id);
+    }
+    let routed = h.in_state("m", ReplicaState::Routed);
+    let warm = h.in_state("m", ReplicaState::Warm);
+    assert_eq!((routed.len(), warm.len()), (2, 1));
+    // A warm replica routed by a later event is a promotion.
+    let out = h.exit(&routed[0], "killed by SIGKILL");
+    assert_eq!(readiness(&out), [(warm[0].clone(), Readiness::Promoted)]);
 }
 
 #[test]
