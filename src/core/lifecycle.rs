@@ -48,7 +48,9 @@ impl Node {
                     };
                     if wanted && !r.probe_in_flight && now >= r.next_probe {
                         if let Some(spec) = self.probe_spec(&id, kind) {
-                            let r = self.replicas.get_mut(&id).expect("present");
+                            let Some(r) = self.replicas.get_mut(&id) else {
+                                continue;
+                            };
                             r.probe_in_flight = true;
                             r.next_probe = now + interval;
                             out.push(Action::Probe {
@@ -74,7 +76,9 @@ impl Node {
                 ReplicaState::Stopping => {
                     if !r.killed && r.deadline.is_some_and(|d| now >= d) {
                         if let Some(pid) = r.pid {
-                            let r = self.replicas.get_mut(&id).expect("present");
+                            let Some(r) = self.replicas.get_mut(&id) else {
+                                continue;
+                            };
                             r.killed = true;
                             out.push(Action::Signal {
                                 replica: id.clone(),
@@ -119,7 +123,9 @@ impl Node {
         match r.state {
             ReplicaState::Starting => {
                 if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
-                    let r = self.replicas.get_mut(id).expect("present");
+                    let Some(r) = self.replicas.get_mut(id) else {
+                        return;
+                    };
                     r.probe_in_flight = true;
                     out.push(Action::Probe {
                         replica: id.clone(),
@@ -264,7 +270,9 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Draining, now, out);
-        let r = self.replicas.get_mut(id).expect("present");
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         r.deadline = Some(deadline);
         r.reason = why.to_string();
         self.log(
@@ -305,7 +313,9 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Stopping, now, out);
-        let r = self.replicas.get_mut(id).expect("present");
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         r.deadline = Some(deadline);
         r.reason = why.to_string();
         r.failed = failed;
@@ -381,7 +391,9 @@ impl Node {
     fn kill_all(&mut self, out: &mut Vec<Action>) {
         let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
         for id in ids {
-            let r = self.replicas.get_mut(&id).expect("present");
+            let Some(r) = self.replicas.get_mut(&id) else {
+                continue;
+            };
             if r.state == ReplicaState::Pending {
                 self.forget(&id, "shutdown", out);
                 continue;

@@ -211,7 +211,9 @@ impl Node {
             .cloned()
             .collect();
         for name in gone {
-            let m = self.models.get_mut(&name).expect("present");
+            let Some(m) = self.models.get_mut(&name) else {
+                continue;
+            };
             if !m.removed {
                 m.removed = true;
                 self.log(
@@ -245,7 +247,9 @@ impl Node {
             return;
         }
         let version = m.config.version.clone();
-        self.models.get_mut(model).expect("present").rollout = None;
+        if let Some(m) = self.models.get_mut(model) {
+            m.rollout = None;
+        }
         self.log(
             LogLevel::Info,
             model,

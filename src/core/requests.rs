@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::event::{Action, Peer, RequestId};
-use super::model::Overrides;
+use super::model::{ModelState, Overrides};
 use super::node::Node;
 use super::policy::Decision;
 use super::replica::{ReplicaId, ReplicaState};
@@ -114,6 +114,12 @@ impl Node {
         }
     }
 
+    fn model_mut(&mut self, name: &str) -> Result<&mut ModelState, Failure> {
+        self.models
+            .get_mut(name)
+            .ok_or_else(|| Failure::new(ErrorCode::UnknownModel, format!("no model {name:?}")))
+    }
+
     fn model_known(&self, name: &str) -> Result<(), Failure> {
         if self.models.contains_key(name) {
             Ok(())
@@ -179,8 +185,7 @@ impl Node {
                 self.record_replica_sample(&rid, sample, now, out);
             }
             None => {
-                let m = self.models.get_mut(&report.model).expect("checked");
-                m.model_wide.record(sample);
+                self.model_mut(&report.model)?.model_wide.record(sample);
             }
         }
         self.autoscale(&report.model, now, out);
@@ -245,8 +250,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
-        self.model_known(model)?;
-        let m = self.models.get_mut(model).expect("checked");
+        let m = self.model_mut(model)?;
         let mut o = m.overrides.clone();
         if min.is_some() {
             o.min = min;
@@ -285,7 +289,7 @@ impl Node {
                 ),
             ));
         }
-        let m = self.models.get_mut(model).expect("checked");
+        let m = self.model_mut(model)?;
         m.overrides = o;
         let (lo, hi) = (m.min(), m.max());
         let reason = format!("operator set min {lo}, max {hi}");

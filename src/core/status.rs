@@ -1,5 +1,6 @@
 //! The status view: what `hearth status` and the metrics show.
 
+use super::model::ModelState;
 use super::node::Node;
 use super::replica::ReplicaState;
 use super::Time;
@@ -14,7 +15,7 @@ impl Node {
             .models
             .values()
             .filter(|m| model.is_none_or(|name| name == m.name()))
-            .map(|m| self.model_view(m.name(), now))
+            .map(|m| self.model_view(m, now))
             .collect();
         StatusView {
             models,
@@ -22,8 +23,8 @@ impl Node {
         }
     }
 
-    fn model_view(&self, name: &str, now: Time) -> ModelView {
-        let m = &self.models[name];
+    fn model_view(&self, m: &ModelState, now: Time) -> ModelView {
+        let name = m.name();
         let c = self.counts(name);
         let draining = self
             .replicas
