@@ -17,7 +17,10 @@ pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no daemon at {path}: {source}")]
+    #[error(
+        "no daemon at {path} ({source}); is `hearth daemon` running? For a daemon listening \
+         elsewhere, set HEARTH_SOCKET=PATH or pass --socket PATH"
+    )]
     NoDaemon {
         path: PathBuf,
         source: std::io::Error,
