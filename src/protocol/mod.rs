@@ -256,9 +256,14 @@ pub fn decode_answer(line: &str) -> Result<Answer, String> {
     let value: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
     let head = Head::deserialize(&value).map_err(|e| e.to_string())?;
     if head.ok {
-        Response::deserialize(&value)
-            .map(Ok)
-            .map_err(|e| e.to_string())
+        let response = Response::deserialize(&value).map_err(|e| e.to_string())?;
+        // `Done` matches any object: one with more than "ok" is an answer whose body did not
+        // read (a view of another version), not a bare yes.
+        let bare = value.as_object().is_some_and(|o| o.len() == 1);
+        if response == (Response::Done {}) && !bare {
+            return Err(format!("an answer this client cannot read: {line}"));
+        }
+        Ok(Ok(response))
     } else {
         let e = Error::deserialize(&value).map_err(|e| e.to_string())?;
         Ok(Err(Failure::new(e.error, e.message)))

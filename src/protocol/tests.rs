@@ -253,6 +253,8 @@ fn lines_that_are_no_answer_are_errors() {
         "[]",
         r#"{"okay":true}"#,
         r#"{"ok":false,"error":"nope","message":""}"#,
+        r#"{"ok":true,"status":{"models":"x"}}"#,
+        r#"{"ok":true,"gpus":7}"#,
     ] {
         assert!(decode_answer(line).is_err(), "{line}");
     }
