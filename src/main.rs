@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -12,7 +11,8 @@ use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::{Checks, Config};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
+    let socket = cli.socket_path();
     match cli.command {
         Command::Daemon { config } => daemon(&config),
         Command::CheckConfig { file, no_binaries } => {
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Simulate(args) => hearth::sim::main(args),
-        other => runtime().block_on(client_verb(other, cli.socket)),
+        other => runtime().block_on(client_verb(other, socket)),
     }
 }
 

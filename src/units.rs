@@ -98,7 +98,7 @@ pub fn format_duration(d: Duration) -> String {
         }
     }
     if sub_ms > 0 {
-        if sub_ms % 1000 == 0 {
+        if sub_ms.is_multiple_of(1000) {
             out.push_str(&format!("{}us", sub_ms / 1000));
         } else {
             out.push_str(&format!("{sub_ms}ns"));

@@ -12,10 +12,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{Gid, Pid, Uid};
 use tokio::io::AsyncRead;
 use tokio::process::Command;
-use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::daemon::ShellMsg;
+use super::inbox::EventSink;
 use super::prefetch;
 use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal};
 
@@ -41,13 +40,13 @@ struct Job {
 #[derive(Clone)]
 pub struct Supervisor {
     jobs: std::sync::mpsc::Sender<Job>,
-    events: mpsc::Sender<ShellMsg>,
+    events: EventSink,
     /// Set at shutdown: prefetches stop early.
     cancel: Arc<AtomicBool>,
 }
 
 impl Supervisor {
-    pub fn start(events: mpsc::Sender<ShellMsg>) -> Supervisor {
+    pub fn start(events: EventSink) -> Supervisor {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let events_for_prefetch = events.clone();
         let handle = tokio::runtime::Handle::current();
@@ -105,7 +104,7 @@ fn prefetch_files(
     replica: &ReplicaId,
     model: &str,
     globs: &[String],
-    events: &mpsc::Sender<ShellMsg>,
+    events: &EventSink,
     cancel: &AtomicBool,
 ) {
     let mut warned = 0usize;
@@ -127,12 +126,12 @@ fn prefetch_files(
             tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
         }
         warned = p.missing.len();
-        let _ = events.blocking_send(ShellMsg::Event(Event::Prefetch {
+        events.blocking_send(Event::Prefetch {
             replica: replica.clone(),
             done_bytes: p.done_bytes,
             total_bytes: p.total_bytes,
             missing: p.missing.clone(),
-        }));
+        });
     });
     if outcome.cancelled {
         tracing::info!(model = %model, replica = %replica, "prefetch stopped: shutting down");
@@ -202,11 +201,11 @@ fn build_command(spec: &SpawnSpec) -> Result<Command, String> {
     Ok(Command::from(cmd))
 }
 
-fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<ShellMsg>) {
+fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &EventSink) {
     let Job { spec } = job;
     let replica = spec.replica.clone();
     let send = |ev: Event| {
-        let _ = events.blocking_send(ShellMsg::Event(ev));
+        events.blocking_send(ev);
     };
     let mut cmd = match build_command(&spec) {
         Ok(c) => c,
@@ -257,9 +256,7 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
             Ok(s) => describe(s),
             Err(e) => format!("wait failed: {e}"),
         };
-        let _ = events
-            .send(ShellMsg::Event(Event::Exited { replica, status }))
-            .await;
+        events.send(Event::Exited { replica, status }).await;
     });
 }
 

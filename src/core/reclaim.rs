@@ -44,12 +44,14 @@ impl Node {
             .reclaim_candidates(&model, prio)
             .into_iter()
             .find(|v| {
-                let v = &self.replicas[v];
+                let Some(v) = self.replicas.get(v) else {
+                    return false;
+                };
                 let mut trial = self.gpus.clone();
                 trial.release(&v.id, &v.gpus, v.gpu_bytes);
                 trial.place(gpus, bytes, placement).is_ok()
             })?;
-        let v = self.replicas.get_mut(&victim).expect("candidate exists");
+        let v = self.replicas.get_mut(&victim)?;
         v.reclaimed_for = Some(model.clone());
         let (vmodel, vstate) = (v.model.clone(), v.state);
         let why = format!("GPU reclaimed by model {model} (priority {prio})");

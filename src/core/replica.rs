@@ -5,6 +5,7 @@ use std::fmt;
 use super::event::QueueTime;
 use super::signal::ReplicaSignal;
 use super::Time;
+pub use crate::protocol::ReplicaState;
 
 /// `MODEL-N`, N increasing for the daemon's life.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -25,39 +26,6 @@ impl fmt::Display for ReplicaId {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ReplicaState {
-    /// Waiting for GPU room, a port, or the restart back-off. No process.
-    Pending,
-    /// Process spawned (or being spawned); warm-up not yet passed.
-    Starting,
-    /// Warm-up passed; ready but not routed.
-    Warm,
-    /// In the routed set.
-    Routed,
-    /// Unrouted, finishing in-flight work.
-    Draining,
-    /// Signalled to stop; waiting for the process to exit. Still holds its port and GPUs.
-    Stopping,
-}
-
-impl ReplicaState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplicaState::Pending => "pending",
-            ReplicaState::Starting => "starting",
-            ReplicaState::Warm => "warm",
-            ReplicaState::Routed => "routed",
-            ReplicaState::Draining => "draining",
-            ReplicaState::Stopping => "stopping",
-        }
-    }
-    /// Holds a process (and so a port and its GPU reservation).
-    pub fn has_process(self) -> bool {
-        !matches!(self, ReplicaState::Pending)
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Replica {
     pub id: ReplicaId,
@@ -73,6 +41,8 @@ pub struct Replica {
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
+    /// The number of the event (`Node::events`) in which it entered `state`.
+    pub since_event: u64,
     pub created: Time,
     /// When the process was asked for (Starting); time-to-ready is measured from here.
     pub spawned_at: Option<Time>,
@@ -130,6 +100,7 @@ impl Replica {
             ever_warm: false,
             state: ReplicaState::Pending,
             since: now,
+            since_event: 0,
             created: now,
             spawned_at: None,
             pid: None,

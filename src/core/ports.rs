@@ -1,0 +1,50 @@
+//! The port pool: `{port}` for each replica, from `daemon.ports`.
+
+use std::collections::BTreeSet;
+
+use crate::config::PortRange;
+
+/// Ports from `daemon.ports`, handed out round-robin so a port just freed (maybe still in
+/// TIME_WAIT, or held by a straggler) is the last to be reused.
+#[derive(Debug, Clone)]
+pub(super) struct PortPool {
+    range: PortRange,
+    next: u16,
+    in_use: BTreeSet<u16>,
+}
+
+impl PortPool {
+    pub fn new(range: PortRange) -> Self {
+        PortPool {
+            range,
+            next: range.first,
+            in_use: Default::default(),
+        }
+    }
+    pub fn capacity(&self) -> usize {
+        (self.range.last - self.range.first) as usize + 1
+    }
+    pub fn take(&mut self) -> Option<u16> {
+        for _ in 0..self.capacity() {
+            let p = self.next;
+            self.next = if p >= self.range.last {
+                self.range.first
+            } else {
+                p + 1
+            };
+            if self.in_use.insert(p) {
+                return Some(p);
+            }
+        }
+        None
+    }
+    pub fn give_back(&mut self, p: u16) {
+        self.in_use.remove(&p);
+    }
+    pub fn set_range(&mut self, range: PortRange) {
+        self.range = range;
+        if !(range.first..=range.last).contains(&self.next) {
+            self.next = range.first;
+        }
+    }
+}
