@@ -24,17 +24,13 @@
 //! Run: `cargo bench --bench report_throughput` (`-- --seconds S --clients N --depth N
 //! --threads N`). Without `--bench` it is a smoke run: 16 clients, 1 s per variant.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use serde_json::json;
+use testkit::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -256,9 +252,13 @@ fn main() {
     println!(
         "report_throughput: {clients} clients, one connection each, {secs} s per variant; client \
          runtime: tokio, {threads} worker threads, in this process, sharing the machine's CPUs \
-         with the daemon; binary {HEARTH}"
+         with the daemon; binary {}",
+        hearth().display()
     );
-    let d = Daemon::start(&[ModelSpec::toy("tp", &["--service-time", "10ms"]).scale(2, 2, 0)]);
+    let d = Daemon::builder()
+        .ports(12)
+        .model(Model::toy("tp", &["--service-time", "10ms"]).scale(2, 2, 0))
+        .start();
     let routed = wait_until("2 routed", Duration::from_secs(60), || {
         let r = d.in_state("tp", "routed");
         (r.len() == 2).then_some(r)
