@@ -19,15 +19,9 @@ use testkit::*;
 const GOAL_CPU_PCT: f64 = 0.5;
 const GOAL_RSS_MIB: f64 = 20.0;
 
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1)?.parse().ok()
-}
-
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let secs = arg("--seconds").unwrap_or(if full { 60.0 } else { 5.0 }) as u64;
+    let full = bench_full();
+    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 60.0 } else { 5.0 }) as u64;
     let model = |name: &str, min: u32| {
         Model::toy(name, &["--concurrency", "4", "--service-time", "200ms"])
             .scale(min, min + 2, 1)

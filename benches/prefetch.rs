@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use testkit::hearth;
+use testkit::{bench_full, hearth};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -171,7 +171,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this without it: a 2 GiB
     // benchmark is not a test, so skip then.
-    if !std::env::args().any(|a| a == "--bench") {
+    if !bench_full() {
         println!("prefetch benchmark: run it with `cargo bench --bench prefetch`");
         return;
     }

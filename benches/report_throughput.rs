@@ -37,12 +37,6 @@ use tokio::net::UnixStream;
 const GOAL_RATE: f64 = 100_000.0;
 const GOAL_P99_MS: f64 = 1.0;
 
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1)?.parse().ok()
-}
-
 /// What one client measured: acknowledgement latencies in µs.
 struct ClientResult {
     lat_us: Vec<u32>,
@@ -244,11 +238,11 @@ fn run(
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let secs = arg("--seconds").unwrap_or(if full { 10.0 } else { 1.0 });
-    let clients = arg("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
-    let depth = arg("--depth").unwrap_or(8.0) as usize;
-    let threads = arg("--threads").unwrap_or(2.0) as usize;
+    let full = bench_full();
+    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 10.0 } else { 1.0 });
+    let clients = bench_arg::<f64>("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
+    let depth = bench_arg::<f64>("--depth").unwrap_or(8.0) as usize;
+    let threads = bench_arg::<f64>("--threads").unwrap_or(2.0) as usize;
     println!(
         "report_throughput: {clients} clients, one connection each, {secs} s per variant; client \
          runtime: tokio, {threads} worker threads, in this process, sharing the machine's CPUs \
@@ -284,7 +278,7 @@ fn main() {
         .build()
         .unwrap();
     let rss0 = rss_kib(d.pid()).unwrap_or(0);
-    let paced_rate = arg("--paced").unwrap_or(25_600.0);
+    let paced_rate = bench_arg::<f64>("--paced").unwrap_or(25_600.0);
     for (depth, paced) in [(1, None), (depth, None), (1, Some(paced_rate))] {
         let load = machine_load();
         let v = Variant {

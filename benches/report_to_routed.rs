@@ -37,12 +37,6 @@ const SETTLE: Duration = Duration::from_millis(2100);
 /// A replica start this close before a trial counts as overlapping it.
 const OVERLAP: Duration = Duration::from_millis(30);
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -64,16 +58,13 @@ fn stats(label: &str, v: &[f64]) -> String {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = bench_full();
     let (models, trials) = if full {
-        (
-            20,
-            arg("--trials").and_then(|t| t.parse().ok()).unwrap_or(200),
-        )
+        (20, bench_arg("--trials").unwrap_or(200))
     } else {
         (3, 6)
     };
-    let reset = arg("--reset").unwrap_or_else(|| "calm".into());
+    let reset = bench_arg::<String>("--reset").unwrap_or_else(|| "calm".into());
     assert!(
         reset == "calm" || reset == "scale",
         "--reset calm or --reset scale"

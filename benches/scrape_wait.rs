@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use testkit::{llama_complete, tokens_for, Daemon, Model};
+use testkit::{bench_arg, llama_complete, tokens_for, Daemon, Model};
 
 const MODEL: &str = "tiny";
 
@@ -49,14 +49,6 @@ impl Rng {
     fn exp(&mut self, rate: f64) -> Duration {
         Duration::from_secs_f64(-(1.0 - self.next_f64()).ln() / rate)
     }
-}
-
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
 }
 
 async fn streamed(
@@ -127,28 +119,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let scale = arg("--seconds-scale").unwrap_or(1.0);
-    let hold = Duration::from_millis(arg("--hold-ms").unwrap_or(300.0) as u64);
-    let model = Model::llama(
-        MODEL,
-        &[
-            "--host",
-            "127.0.0.1",
-            "-np",
-            "1",
-            "-c",
-            "2048",
-            "-t",
-            "1",
-            "--metrics",
-        ],
-    )
-    .scrape("llamacpp", "250ms");
+    let scale = bench_arg::<f64>("--seconds-scale").unwrap_or(1.0);
+    let hold = Duration::from_millis(bench_arg::<f64>("--hold-ms").unwrap_or(300.0) as u64);
     let daemon = Daemon::builder()
         .tick("100ms")
-        .gpus("static", &[("GPU-test-0", "80GiB")])
-        .ports(10)
-        .model(model)
+        .model(Model::llama_one_slot(MODEL))
         .start();
     let status = daemon.wait_model(MODEL, "routed", Duration::from_secs(90), |m| {
         m["routed"] == 1

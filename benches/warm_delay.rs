@@ -179,11 +179,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let n = if std::env::args().any(|a| a == "--bench") {
-        REPLICAS
-    } else {
-        4
-    };
+    let n = if bench_full() { REPLICAS } else { 4 };
     println!(
         "warm_delay: {n} toy replicas, load times 1.0–{:.1} s, polled every {} ms; binary {}",
         1.0 + 0.1 * (n - 1) as f64,

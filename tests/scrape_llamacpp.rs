@@ -16,29 +16,10 @@ const BURST: usize = 5;
 
 #[test]
 fn deferred_requests_scraped_from_llama_cpp_promote_the_warm_replica() {
-    let model = Model::llama(
-        MODEL,
-        &[
-            "--host",
-            "127.0.0.1",
-            "-np",
-            "1",
-            "-c",
-            "2048",
-            "-t",
-            "1",
-            "--metrics",
-        ],
-    )
-    .scale(1, 3, 1)
-    .target_wait("300ms")
-    .scrape("llamacpp", "250ms");
-    let d = Daemon::builder()
-        .tick("100ms")
-        .gpus("static", &[("GPU-test-0", "80GiB")])
-        .ports(20)
-        .model(model)
-        .start();
+    let model = Model::llama_one_slot(MODEL)
+        .scale(1, 3, 1)
+        .target_wait("300ms");
+    let d = Daemon::builder().tick("100ms").model(model).start();
     let status = d.wait_model(MODEL, "1 routed + 1 warm", Duration::from_secs(90), |m| {
         m["routed"] == 1 && m["warm"] == 1
     });

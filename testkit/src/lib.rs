@@ -42,7 +42,9 @@ pub use config::{Config, Liveness, Model};
 pub use conn::{request, Conn};
 pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
-pub use measure::{clk_tck, cpu_ticks, machine_load, monotonic_usec, percentile, rss_kib};
+pub use measure::{
+    bench_arg, bench_full, clk_tck, cpu_ticks, machine_load, monotonic_usec, percentile, rss_kib,
+};
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;

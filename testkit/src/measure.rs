@@ -51,3 +51,16 @@ pub fn monotonic_usec() -> u64 {
     let t = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
     t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
 }
+
+/// Whether this benchmark runs in full: `cargo bench` passes `--bench`; without it (`cargo test
+/// --all-targets`), benchmarks make a short smoke run.
+pub fn bench_full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// A benchmark's option `NAME VALUE` from its command line (`cargo bench --bench B -- NAME V`).
+pub fn bench_arg<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1)?.parse().ok()
+}

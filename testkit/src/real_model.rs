@@ -109,6 +109,23 @@ impl Model {
         m
     }
 
+    /// llama.cpp's server with one slot (`-np 1`, 2,048 tokens of context, one thread), scraped
+    /// for its queue (`llamacpp:requests_deferred`) every 250 ms.
+    pub fn llama_one_slot(name: &str) -> Model {
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "-np",
+            "1",
+            "-c",
+            "2048",
+            "-t",
+            "1",
+            "--metrics",
+        ];
+        Model::llama(name, &args).scrape("llamacpp", "250ms")
+    }
+
     /// Scrapes the replicas' /metrics in `format` every `interval`.
     pub fn scrape(mut self, format: &str, interval: &str) -> Model {
         self.signal = Some(Scrape {
