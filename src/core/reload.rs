@@ -179,9 +179,12 @@ impl Node {
             }
             let spec = &mc.launch;
             let msg = if *spec == *m.spec {
-                // Scaling, liveness, signal, priority, stop_grace: they apply live.
+                // Scaling, liveness, signal, priority, stop_grace: they apply live. A rollout
+                // under way goes on: its replicas of either version are what they were.
                 "configuration changed; replicas kept".to_string()
             } else if m.rollout.is_some() && *spec == **m.launch_spec() {
+                // Back to the version a halted rollout left serving.
+                m.rollout = None;
                 "configuration changed back to the version serving; rollout dropped".to_string()
             } else {
                 let previous = m.launch_config().clone();
@@ -197,9 +200,6 @@ impl Node {
                 });
                 msg
             };
-            if *spec == **m.launch_spec() {
-                m.rollout = None;
-            }
             if *spec != *m.spec {
                 m.spec = Arc::new(spec.clone());
             }
