@@ -131,9 +131,10 @@ impl ModelState {
 
     /// The configuration a replica made from `spec` follows: the previous one for a replica of
     /// the version a rollout is replacing, else the current one.
-    pub fn config_of(&self, spec: &LaunchSpec) -> &ModelConfig {
+    pub fn config_of(&self, spec: &Arc<LaunchSpec>) -> &ModelConfig {
         match &self.rollout {
-            Some(r) if *r.previous_spec == *spec => &r.previous,
+            // `==` on the specs (the same allocation answers at once).
+            Some(r) if r.previous_spec == *spec => &r.previous,
             _ => &self.config,
         }
     }
