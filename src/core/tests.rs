@@ -115,6 +115,12 @@ impl Harness {
     /// SIGHUP with `toml` as the file: the core asks for the file, the shell reads it. Returns
     /// what the core did with it.
     pub fn reload(&mut self, toml: &str) -> Vec<Action> {
+        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
+        self.reload_config(config)
+    }
+
+    /// SIGHUP with a file that reads as `config`.
+    pub fn reload_config(&mut self, config: Config) -> Vec<Action> {
         let asked = self.send(Event::ReloadSignal);
         assert!(
             asked.contains(&Action::ReadConfig {
@@ -122,7 +128,6 @@ impl Harness {
             }),
             "{asked:?}"
         );
-        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
         self.send(Event::ConfigRead(Ok(Box::new(NewConfig {
             config,
             warnings: Vec::new(),
