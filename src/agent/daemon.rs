@@ -4,7 +4,6 @@
 //! stand (status_line.rs, notify.rs).
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -16,7 +15,8 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
-use super::gpu_monitor::{self, MonitorSink};
+use super::gpu_monitor::MonitorSink;
+use super::gpu_owner::{Attribution, CgroupIndex};
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::logging::LogControl;
@@ -125,12 +125,14 @@ impl Daemon {
         let overrides = state::load(&state_dir);
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
-        // XIDs and memory readings, from a thread of their own; it stops when this is dropped.
-        let _monitor = inventory.start_monitor(MonitorSink {
-            to_core: events.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
-            interval: gpu_monitor::MEMORY_INTERVAL,
-        });
+        // XIDs, memory readings and inventory changes, from a thread of their own; it stops when
+        // this is dropped. Replica containment registers each replica's cgroup in `cgroups`
+        // (see gpu_owner.rs): until it does, GPU memory is attributed by the process tree.
+        let cgroups = CgroupIndex::default();
+        let _monitor = inventory.start_monitor(MonitorSink::new(
+            events.clone(),
+            Arc::new(Attribution::new(cgroups.clone())),
+        ));
 
         let access = Arc::new(Access::new(config.access.clone()));
         let control = Control {
@@ -352,7 +354,8 @@ async fn tick_opt(t: &mut Option<tokio::time::Interval>) {
 /// The device an event is about, for the `GPU` field of what the core logs in answer.
 fn gpu_of(ev: &Event) -> Option<String> {
     match ev {
-        Event::GpuXid { uuid, .. } | Event::GpuMemory { uuid, .. } => Some(uuid.clone()),
+        Event::GpuXid { uuid, .. } => Some(uuid.clone()),
+        Event::GpuReading(r) => Some(r.uuid.clone()),
         _ => None,
     }
 }

@@ -74,6 +74,8 @@ pub(super) struct RawModel {
     pub gpus: Opt<u32>,
     pub gpu_memory: Opt<String>,
     pub placement: Opt<String>,
+    pub device_naming: Opt<String>,
+    pub start_alone: Opt<bool>,
     pub priority: Opt<i32>,
     pub stop_grace: Opt<String>,
     pub prefetch: Opt<Vec<String>>,

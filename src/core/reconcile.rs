@@ -3,11 +3,14 @@
 
 use std::sync::Arc;
 
+use std::collections::BTreeSet;
+
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
+use super::placement::Want;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
-use crate::config::WarmPool;
+use crate::config::{DeviceNaming, WarmPool};
 
 /// How many of each state a model has now.
 #[derive(Debug, Clone, Copy, Default)]
@@ -303,12 +306,33 @@ impl Node {
                 continue;
             }
             let launch = m.launch_spec();
-            let placed = match self
-                .gpus
-                .place(launch.gpus, launch.gpu_memory, launch.placement)
-            {
+            let want = |exclude| Want {
+                count: launch.gpus,
+                bytes: launch.gpu_memory,
+                placement: launch.placement,
+                by_index: launch.device_naming == DeviceNaming::Index,
+                exclude,
+            };
+            let held = self.held_for(&model, now);
+            let held_set: BTreeSet<String> = held.keys().cloned().collect();
+            let placed = match self.gpus.place(&want(&held_set)) {
                 Ok(p) => p,
                 Err(why) => {
+                    // Room that is only held (a start under way, a first reading pending) is
+                    // waited for: no reclaim, and not no_capacity.
+                    let nothing = BTreeSet::new();
+                    let waiting = match self.gpus.place(&want(&nothing)) {
+                        Ok(p) if !held.is_empty() => {
+                            p.devices.iter().find_map(|u| held.get(u)).cloned()
+                        }
+                        _ => None,
+                    };
+                    if let Some(wait) = waiting {
+                        if let Some(r) = self.replicas.get_mut(&id) {
+                            r.reason = wait;
+                        }
+                        continue;
+                    }
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
                         None => why,
@@ -320,6 +344,11 @@ impl Node {
                     continue;
                 }
             };
+            self.note_unread(&placed.devices, out);
+            let Some(m) = self.models.get(&model) else {
+                continue;
+            };
+            let launch = m.launch_spec();
             let exclusive = launch.gpu_memory.is_none();
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
@@ -332,7 +361,8 @@ impl Node {
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
-            self.gpus.reserve(&id, &placed, exclusive);
+            self.gpus
+                .reserve(&id, &placed.devices, placed.bytes, exclusive);
             self.set_state(&id, ReplicaState::Starting, now, out);
             if let Some(spec) = self.spawn_spec(&id) {
                 out.push(Action::Spawn(spec));
@@ -353,14 +383,28 @@ impl Node {
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
             c.env.iter().map(|(k, v)| (k.clone(), expand(v))).collect();
-        let uuids = self.gpus.uuids(&r.gpus);
-        let visible = uuids.join(",");
-        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.clone()));
+        let uuids = r.gpus.clone();
+        // hearth's placement wins over anything else naming devices (validation refuses these
+        // in `env`; the order here makes sure of it).
+        match c.device_naming {
+            DeviceNaming::Uuid => env.push(("CUDA_VISIBLE_DEVICES".into(), uuids.join(","))),
+            DeviceNaming::Index => {
+                let indices: Vec<String> = self
+                    .gpus
+                    .indices(&uuids)
+                    .iter()
+                    .map(u32::to_string)
+                    .collect();
+                env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
+                // NVML numbers devices in PCI bus order; CUDA, by default, fastest first.
+                env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            }
+        }
         // "void" is the container runtime's word for no GPU; empty would mean all.
         let nvidia = if uuids.is_empty() {
             "void".to_string()
         } else {
-            visible
+            uuids.join(",")
         };
         env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia));
         env.push((
