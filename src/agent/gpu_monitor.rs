@@ -242,7 +242,12 @@ mod tests {
         }
     }
 
-    fn sink(interval: Duration) -> (MonitorSink, crate::agent::inbox::Receiver) {
+    fn sink(
+        interval: Duration,
+    ) -> (
+        MonitorSink,
+        tokio::sync::mpsc::Receiver<crate::agent::inbox::ShellMsg>,
+    ) {
         let (tx, rx) = inbox::channel();
         let mut s = MonitorSink::new(
             EventSink::new(tx),

@@ -63,6 +63,12 @@ impl Harness {
     pub fn new(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let devices = GpuDevice::declared(&config.gpus);
+        Harness::with_devices(toml, devices)
+    }
+
+    /// A node whose inventory found `devices` (rather than the file's `[[gpus.device]]`).
+    pub fn with_devices(toml: &str, devices: Vec<GpuDevice>) -> Harness {
+        let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let now = Time::from_millis(1_000_000);
         let mut h = Harness {
             node: Node::new(config, devices, Default::default(), now),
@@ -665,7 +671,10 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
     assert_eq!(uuids, vec!["GPU-a", "GPU-b"]);
     for s in &specs {
         let env: std::collections::BTreeMap<_, _> = s.env.iter().cloned().collect();
-        assert_eq!(env["CUDA_VISIBLE_DEVICES"], s.gpus[0]);
+        // By default devices are named by index (in [[gpus.device]] order here), in PCI order.
+        let index = if s.gpus[0] == "GPU-a" { "0" } else { "1" };
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], index);
+        assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], s.gpus[0]);
     }
     let st = h.node.status(Some("g"), h.now);
