@@ -318,7 +318,12 @@ mod tests {
         let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let one = vec![GpuDevice::new(0, "GPU-a", "x", 1)];
         let mut script = Script {
-            events: VecDeque::from(vec![Ok(Some(News::Reread)), Ok(Some(News::Reread))]),
+            // Three rereads, three inventories: the second repeats the first and is not sent.
+            events: VecDeque::from(vec![
+                Ok(Some(News::Reread)),
+                Ok(Some(News::Reread)),
+                Ok(Some(News::Reread)),
+            ]),
             memory: vec![],
             memory_reads: reads.clone(),
             inventories: VecDeque::from(vec![one.clone(), one.clone(), vec![]]),

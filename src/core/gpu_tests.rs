@@ -327,14 +327,20 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     let out = h.send(reading(
         "GPU-a",
         75 * GIB,
-        &[(4242, Some(35 * GIB), worker), (99999, Some(40 * GIB), &[99999])],
+        &[
+            (4242, Some(35 * GIB), worker),
+            (99999, Some(40 * GIB), &[99999]),
+        ],
     ));
     let warned = out.iter().any(|a| matches!(a, Action::Log { level: LogLevel::Warn, message, .. } if message.contains("35.0GiB") && message.contains("30.0GiB")));
     assert!(warned, "{out:?}");
     let again = h.send(reading(
         "GPU-a",
         75 * GIB,
-        &[(4242, Some(35 * GIB), worker), (99999, Some(40 * GIB), &[99999])],
+        &[
+            (4242, Some(35 * GIB), worker),
+            (99999, Some(40 * GIB), &[99999]),
+        ],
     ));
     assert!(
         !again.iter().any(|a| matches!(

@@ -385,10 +385,12 @@ mod tests {
         let mut d = p3.devices.clone();
         d.sort();
         assert_eq!(d, vec!["GPU-1", "GPU-2"]);
-        // With only an unbridged pair left, it still places (across the host bridge).
+        // With only an unbridged pair left (2 and 3 cordoned), it still places, across the
+        // host bridge.
         t.slots[2].cordoned = true;
-        let p4 = place(&t, 2, Some(30), Placement::Pack).unwrap();
-        assert_eq!(p4.devices.len(), 2);
+        t.slots[3].cordoned = true;
+        let p4 = place(&t, 2, Some(10), Placement::Pack).unwrap();
+        assert_eq!(p4.devices, vec!["GPU-0", "GPU-1"]);
     }
 
     #[test]

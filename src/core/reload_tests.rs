@@ -7,9 +7,8 @@ use super::replica::Replica;
 use super::tests::{model, signals, spawns, Harness, BASE};
 use super::*;
 use crate::config::{
-    DeviceNaming,
-    Config, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig, ScrapeFormat,
-    SignalConfig, WarmupConfig,
+    Config, DeviceNaming, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig,
+    ScrapeFormat, SignalConfig, WarmupConfig,
 };
 use crate::protocol::ErrorCode;
 
