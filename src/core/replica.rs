@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::event::QueueTime;
+use super::event::{QueueTime, Usage};
 use super::signal::ReplicaSignal;
 use super::Time;
 pub use crate::protocol::ReplicaState;
@@ -87,6 +87,8 @@ pub struct Replica {
     pub last_scraped: Option<Time>,
     /// The queue-time totals of the last scrape that had them.
     pub scraped_queue_time: Option<QueueTime>,
+    /// Memory and CPU of its processes, as the shell last sampled them.
+    pub usage: Usage,
 }
 
 impl Replica {
@@ -126,6 +128,7 @@ impl Replica {
             gpu_used: Default::default(),
             overrun_warned: false,
             scraped_queue_time: None,
+            usage: Usage::default(),
         }
     }
 
