@@ -62,6 +62,42 @@ pub fn instance_for(state_dir: &Path) -> String {
     format!("hearth-{h:016x}")
 }
 
+/// Forces a containment instead of the strongest the host allows: `scopes`, `cgroup` (the
+/// daemon refuses to start without it) or `groups`; `auto` (the default) picks.
+pub const CONTAINMENT_ENV: &str = "HEARTH_CONTAINMENT";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Auto,
+    Scopes,
+    Cgroup,
+    Groups,
+}
+
+impl Wanted {
+    fn from_env() -> anyhow::Result<Wanted> {
+        let v = std::env::var(CONTAINMENT_ENV).unwrap_or_default();
+        Ok(match v.as_str() {
+            "" | "auto" => Wanted::Auto,
+            "scopes" => Wanted::Scopes,
+            "cgroup" => Wanted::Cgroup,
+            "groups" => Wanted::Groups,
+            other => anyhow::bail!(
+                "{CONTAINMENT_ENV}={other:?}: expected auto, scopes, cgroup or groups"
+            ),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Wanted::Auto => "auto",
+            Wanted::Scopes => "scopes",
+            Wanted::Cgroup => "cgroup",
+            Wanted::Groups => "groups",
+        }
+    }
+}
+
 /// Which containment this host gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -126,22 +162,37 @@ impl Containment {
             )
         })?;
         let mount = cgroup::mount();
+        let wanted = Wanted::from_env()?;
         let mut why_not: Vec<String> = Vec::new();
         let backend = 'pick: {
-            if Path::new("/run/systemd/system").exists() {
-                match scope::Scopes::connect(runtime, &instance, mount.clone()) {
-                    Ok(s) => break 'pick Backend::Scopes(s),
-                    Err(e) => why_not.push(format!("systemd: {e}")),
+            if matches!(wanted, Wanted::Auto | Wanted::Scopes) {
+                if Path::new("/run/systemd/system").exists() {
+                    match scope::Scopes::connect(runtime, &instance, mount.clone()) {
+                        Ok(s) => break 'pick Backend::Scopes(s),
+                        Err(e) => why_not.push(format!("systemd: {e}")),
+                    }
+                } else {
+                    why_not.push("systemd is not PID 1".into());
                 }
-            } else {
-                why_not.push("systemd is not PID 1".into());
             }
-            match &mount {
-                Some(m) => match subtree::Subtree::open(m, &instance) {
-                    Ok(s) => break 'pick Backend::Subtree(s),
-                    Err(e) => why_not.push(format!("cgroup2: {e}")),
-                },
-                None => why_not.push("no cgroup2 mount".into()),
+            if matches!(wanted, Wanted::Auto | Wanted::Cgroup) {
+                match &mount {
+                    Some(m) => match subtree::Subtree::open(m, &instance) {
+                        Ok(s) => break 'pick Backend::Subtree(s),
+                        Err(e) => why_not.push(format!("cgroup2: {e}")),
+                    },
+                    None => why_not.push("no cgroup2 mount".into()),
+                }
+            }
+            if !matches!(wanted, Wanted::Auto | Wanted::Groups) {
+                anyhow::bail!(
+                    "{CONTAINMENT_ENV}={} cannot be had here: {}",
+                    wanted.name(),
+                    why_not.join("; ")
+                );
+            }
+            if wanted == Wanted::Groups {
+                why_not.push(format!("{CONTAINMENT_ENV}=groups"));
             }
             Backend::Groups(groups::Groups::open().map_err(anyhow::Error::msg)?)
         };
