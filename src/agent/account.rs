@@ -48,6 +48,33 @@ impl Accounts {
         }
     }
 
+    /// Lets replicas that run as the default account reach the control socket (0660), so that
+    /// they can report for themselves: when the daemon runs as root with group root (no
+    /// `Group=` as the unit sets), the socket's group becomes the default account's own group.
+    /// Under the unit the socket is already root:hearth, the group of the `hearth` account.
+    pub fn open_socket_to_replicas(&self, socket: &Path) {
+        let Some(name) = &self.default else {
+            return;
+        };
+        if Gid::effective().as_raw() != 0 {
+            return;
+        }
+        let Ok(Some(user)) = User::from_name(name) else {
+            return;
+        };
+        match nix::unistd::chown(socket, None, Some(user.gid)) {
+            Ok(()) => tracing::info!(
+                "{}: group set to {name}'s group (gid {}), so that replicas running as {name} can report for themselves",
+                socket.display(),
+                user.gid
+            ),
+            Err(e) => tracing::warn!(
+                "{}: could not give it {name}'s group ({e}): replicas running as {name} cannot report on the socket",
+                socket.display()
+            ),
+        }
+    }
+
     /// The account a model's server runs as: its `user`, else the default (None: the daemon's
     /// own user). `defaulted` says which.
     pub fn user_for(&self, configured: Option<&str>) -> (Option<String>, bool) {

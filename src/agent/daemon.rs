@@ -140,6 +140,8 @@ impl Daemon {
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
+        let accounts = Accounts::resolve();
+        accounts.open_socket_to_replicas(&socket_path);
         let access = Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
@@ -166,7 +168,7 @@ impl Daemon {
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone(), containment.clone(), Accounts::resolve()),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
             containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),

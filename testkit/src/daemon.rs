@@ -367,7 +367,8 @@ impl DaemonBuilder {
         });
         let block = crate::ports::ports(n);
         let dir = self.dir;
-        let reaper = Reaper::new(&dir.path().display().to_string());
+        let reaper = Reaper::new(&dir.path().display().to_string())
+            .with_cgroups_of(&dir.path().join("state"));
         let home = Home {
             socket: dir.path().join("hearth.sock"),
             config_path: dir.path().join("config.toml"),
