@@ -181,3 +181,22 @@ impl Drop for Reaper {
         }
     }
 }
+
+/// The real uid of a process (/proc/PID/status).
+pub fn uid(pid: i32) -> Option<u32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A process's cgroup v2 path (the `0::` line of /proc/PID/cgroup).
+pub fn cgroup(pid: i32) -> Option<String> {
+    let s = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
+}
