@@ -83,7 +83,23 @@ fn belongs(answering: i32, leader: i32, m: Mode) -> bool {
     }
     match m {
         Mode::Cgroup => cgroup(answering).is_some() && cgroup(answering) == cgroup(leader),
-        Mode::Groups => testkit::procs::stat(answering).is_some_and(|s| s.pgrp == leader),
+        // Its group, or its descendants (a setsid'd worker has a group of its own).
+        Mode::Groups => {
+            let mut p = answering;
+            for _ in 0..64 {
+                let Some(s) = testkit::procs::stat(p) else {
+                    return false;
+                };
+                if s.pgrp == leader || s.ppid == leader {
+                    return true;
+                }
+                if s.ppid <= 1 {
+                    return false;
+                }
+                p = s.ppid;
+            }
+            false
+        }
     }
 }
 
@@ -173,7 +189,8 @@ fn squatted(groups: bool) {
     let mut b = Daemon::builder()
         .model(
             Model::toy("toy", &[])
-                .command(&["sleep", "600"])
+                // Mentions {port} (as check-config wants) and never listens on it.
+                .command(&["sh", "-c", "exec sleep 600", "sh", "{port}"])
                 .scale(1, 1, 0)
                 .startup_timeout("1m"),
         )
