@@ -106,13 +106,15 @@ fn watcher(s: Arc<Shared>, socket: PathBuf) -> std::thread::JoinHandle<()> {
             s.tally.routed_sets.fetch_add(1, Ordering::Relaxed);
             for (replica, _) in &eps {
                 s.tally.endpoints_checked.fetch_add(1, Ordering::Relaxed);
-                s.tally.replicas_seen.lock().unwrap().insert(replica.clone());
+                s.tally
+                    .replicas_seen
+                    .lock()
+                    .unwrap()
+                    .insert(replica.clone());
                 if !warmed_in_this_run(&s, replica) {
-                    s.tally
-                        .unready_routed
-                        .lock()
-                        .unwrap()
-                        .push(format!("{model}: {replica} routed without a warm-up of its own"));
+                    s.tally.unready_routed.lock().unwrap().push(format!(
+                        "{model}: {replica} routed without a warm-up of its own"
+                    ));
                 }
             }
             s.routed.lock().unwrap().insert(model, eps);
@@ -125,8 +127,14 @@ fn load(s: Arc<Shared>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut i = 0usize;
         while !s.stop.load(Ordering::Relaxed) {
-            let eps: Vec<(String, String)> =
-                s.routed.lock().unwrap().values().flatten().cloned().collect();
+            let eps: Vec<(String, String)> = s
+                .routed
+                .lock()
+                .unwrap()
+                .values()
+                .flatten()
+                .cloned()
+                .collect();
             if eps.is_empty() {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -137,7 +145,10 @@ fn load(s: Arc<Shared>) -> std::thread::JoinHandle<()> {
             match complete(addr, Duration::from_secs(2)) {
                 Ok(r) if r.status == 200 => {
                     s.tally.completions_ok.fetch_add(1, Ordering::Relaxed);
-                    let pid: i32 = r.header("x-toy-pid").and_then(|p| p.parse().ok()).unwrap_or(0);
+                    let pid: i32 = r
+                        .header("x-toy-pid")
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or(0);
                     let who = r.header("x-toy-replica").unwrap_or("").to_string();
                     let daemon_start = start_ticks(run.daemon_pid).unwrap_or(0);
                     // Gone already (a crash, a stop): nothing to tell.
@@ -171,9 +182,9 @@ fn reporters(s: Arc<Shared>, socket: PathBuf, n: usize) -> Vec<std::thread::Join
                 let t0 = Instant::now();
                 let mut conn: Option<Conn> = None;
                 while !s.stop.load(Ordering::Relaxed) {
-                    let high = (t0.elapsed().as_secs() / 6) % 2 == 0;
+                    let high = (t0.elapsed().as_secs() / 6).is_multiple_of(2);
                     let wait = if high { 900.0 + k as f64 } else { 5.0 };
-                    let model = if k % 2 == 0 { "steady" } else { "stubborn" };
+                    let model = if k.is_multiple_of(2) { "steady" } else { "stubborn" };
                     let req = json!({"op":"report","model":model,"oldest_wait_ms":wait,"queue_depth": if high {6} else {0},"in_flight":2});
                     let c = match conn.as_mut() {
                         Some(c) => c,
@@ -202,7 +213,14 @@ fn reporters(s: Arc<Shared>, socket: PathBuf, n: usize) -> Vec<std::thread::Join
 fn models(marks: &Path) -> Vec<Model> {
     let m = marks.display().to_string();
     let toy = |name: &str, extra: &[&str]| {
-        let mut args = vec!["--marks", m.as_str(), "--concurrency", "4", "--service-time", "20ms"];
+        let mut args = vec![
+            "--marks",
+            m.as_str(),
+            "--concurrency",
+            "4",
+            "--service-time",
+            "20ms",
+        ];
         args.extend_from_slice(extra);
         Model::toy(name, &args)
     };
@@ -295,7 +313,9 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
         stop: AtomicBool::new(false),
     });
     let mut watchers = vec![watcher(shared.clone(), d.socket.clone())];
-    d.wait_model("steady", "2 routed", Duration::from_secs(30), |m| m["routed"].as_u64() >= Some(2));
+    d.wait_model("steady", "2 routed", Duration::from_secs(30), |m| {
+        m["routed"].as_u64() >= Some(2)
+    });
     let loader = load(shared.clone());
     let reps = reporters(shared.clone(), d.socket.clone(), 4);
 
@@ -323,9 +343,11 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     };
     watchers.push(watcher(shared.clone(), d.socket.clone()));
     if cgroups {
-        wait_until("the earlier run's orphans stopped", Duration::from_secs(15), || {
-            orphans.iter().all(|p| !alive(*p)).then_some(())
-        });
+        wait_until(
+            "the earlier run's orphans stopped",
+            Duration::from_secs(15),
+            || orphans.iter().all(|p| !alive(*p)).then_some(()),
+        );
     }
     let until = Instant::now() + phase;
     while Instant::now() < until {
@@ -336,7 +358,9 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
 
     // An orderly stop under the same load; then nothing may be left.
     d.signal(Signal::SIGTERM);
-    let st = d.wait_exit(Duration::from_secs(40)).expect("the daemon exits after SIGTERM");
+    let st = d
+        .wait_exit(Duration::from_secs(40))
+        .expect("the daemon exits after SIGTERM");
     shared.stop.store(true, Ordering::Relaxed);
     let left = d.children();
     let cgroup_left: Vec<i32> = cgroups::subtree(&d.dir.path().join("state"))
@@ -372,10 +396,23 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     );
     assert!(st.success(), "the daemon exits 0 after SIGTERM: {st}");
     assert!(unready.is_empty(), "unready replicas routed: {unready:#?}");
-    assert!(orphans_answering.is_empty(), "orphans answered: {orphans_answering:#?}");
-    assert!(left.is_empty(), "processes left after stop: {:?}", left.iter().map(|p| (p, stat(*p))).collect::<Vec<_>>());
-    assert!(cgroup_left.is_empty(), "processes left in cgroups: {cgroup_left:?}");
+    assert!(
+        orphans_answering.is_empty(),
+        "orphans answered: {orphans_answering:#?}"
+    );
+    assert!(
+        left.is_empty(),
+        "processes left after stop: {:?}",
+        left.iter().map(|p| (p, stat(*p))).collect::<Vec<_>>()
+    );
+    assert!(
+        cgroup_left.is_empty(),
+        "processes left in cgroups: {cgroup_left:?}"
+    );
     assert!(t.endpoints_checked.load(Ordering::Relaxed) > 0);
     assert!(t.completions_ok.load(Ordering::Relaxed) > 0);
-    assert!(!orphans.is_empty() || !cgroups, "the kill -9 left orphans to stop");
+    assert!(
+        !orphans.is_empty() || !cgroups,
+        "the kill -9 left orphans to stop"
+    );
 }

@@ -34,7 +34,13 @@ fn mode(d: &Daemon) -> Mode {
 
 /// A daemon with one toy model (1 routed, no pool) whose replicas fork a detached worker.
 fn with_workers(groups: bool, args: &[&str]) -> Daemon {
-    let mut toy_args = vec!["--fork-worker", "--concurrency", "4", "--service-time", "20ms"];
+    let mut toy_args = vec![
+        "--fork-worker",
+        "--concurrency",
+        "4",
+        "--service-time",
+        "20ms",
+    ];
     toy_args.extend_from_slice(args);
     let mut b = Daemon::builder()
         .model(Model::toy("toy", &toy_args).scale(1, 2, 0).stop_grace("1s"))
@@ -124,8 +130,13 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
     let r = routed_one(&d);
     let worker = worker_of(&d, &id(&r));
     let port_addr = addr(&r);
-    let dir = cgroups::subtree(&d.dir.path().join("state")).unwrap().join(id(&r));
-    assert!(cgroups::procs(&dir).contains(&worker), "the worker is in the replica's cgroup");
+    let dir = cgroups::subtree(&d.dir.path().join("state"))
+        .unwrap()
+        .join(id(&r));
+    assert!(
+        cgroups::procs(&dir).contains(&worker),
+        "the worker is in the replica's cgroup"
+    );
     // The reproduction: kill -9 the daemon; the leader dies with it (PDEATHSIG), the
     // setsid'd worker does not, and keeps answering on the replica's port.
     d.signal(Signal::SIGKILL);
@@ -134,7 +145,11 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
         (!alive(pid(&r))).then_some(())
     });
     assert!(alive(worker), "the setsid'd worker outlived the daemon");
-    assert_eq!(answered_by(&port_addr).0, worker, "and answers on the old port");
+    assert_eq!(
+        answered_by(&port_addr).0,
+        worker,
+        "and answers on the old port"
+    );
     d.restart();
     // At start, before any replica of the new run: what the earlier run left is stopped.
     wait_until("the orphan stopped", Duration::from_secs(10), || {
@@ -147,7 +162,11 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
     );
     let r2 = routed_one(&d);
     let (who, _) = answered_by(&addr(&r2));
-    assert!(belongs(who, pid(&r2), Mode::Cgroup), "{who} answers for {}", id(&r2));
+    assert!(
+        belongs(who, pid(&r2), Mode::Cgroup),
+        "{who} answers for {}",
+        id(&r2)
+    );
 }
 
 #[test]
@@ -169,13 +188,20 @@ fn without_cgroups_an_orphan_never_answers_for_a_new_replica() {
     assert!(alive(worker), "nothing could stop it without a cgroup");
     assert_ne!(addr(&r2), old_port, "the orphan's port is passed over");
     assert!(
-        d.log().contains(&format!("port {} is in use by pid {worker}", old_port.rsplit(':').next().unwrap())),
+        d.log().contains(&format!(
+            "port {} is in use by pid {worker}",
+            old_port.rsplit(':').next().unwrap()
+        )),
         "{}",
         d.log_tail(30)
     );
     for _ in 0..20 {
         let (who, _) = answered_by(&addr(&r2));
-        assert!(belongs(who, pid(&r2), Mode::Groups), "{who} answers for {}", id(&r2));
+        assert!(
+            belongs(who, pid(&r2), Mode::Groups),
+            "{who} answers for {}",
+            id(&r2)
+        );
     }
     for v in watch.values() {
         for (_, a) in endpoints(&v) {
@@ -199,11 +225,16 @@ fn squatted(groups: bool) {
         b = b.env("HEARTH_CONTAINMENT", "groups");
     }
     let d = b.start();
-    let starting = d.wait_model("toy", "a starting replica with a port", Duration::from_secs(20), |m| {
-        testkit::status::replicas_of(m)
-            .iter()
-            .any(|r| r["state"] == "starting" && r["port"].is_u64())
-    });
+    let starting = d.wait_model(
+        "toy",
+        "a starting replica with a port",
+        Duration::from_secs(20),
+        |m| {
+            testkit::status::replicas_of(m)
+                .iter()
+                .any(|r| r["state"] == "starting" && r["port"].is_u64())
+        },
+    );
     let r = testkit::status::replicas_of(&starting)[0].clone();
     let port = r["port"].as_u64().unwrap().to_string();
     let watch = d.watch(Some("toy"));
@@ -217,9 +248,10 @@ fn squatted(groups: bool) {
     // The squatter answers the warm-up with 200; hearth sees it is not the replica's process.
     let m = d.wait_model("toy", "the squatter named", Duration::from_secs(20), |m| {
         testkit::status::replicas_of(m).iter().any(|r| {
-            r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains(&format!("pid {}", squatter.id())) && s.contains("not by a process of this replica"))
+            r["reason"].as_str().is_some_and(|s| {
+                s.contains(&format!("pid {}", squatter.id()))
+                    && s.contains("not by a process of this replica")
+            })
         })
     });
     eprintln!("{}", testkit::status::replicas_of(&m)[0]["reason"]);
@@ -227,7 +259,10 @@ fn squatted(groups: bool) {
     assert_eq!(d.model("toy")["warm"], 0);
     assert_eq!(d.model("toy")["routed"], 0);
     assert!(
-        !watch.values().iter().any(|v| v["state"] == "warm" || !endpoints(v).is_empty()),
+        !watch
+            .values()
+            .iter()
+            .any(|v| v["state"] == "warm" || !endpoints(v).is_empty()),
         "never warm, never routed: {:?}",
         watch.values()
     );
@@ -246,30 +281,48 @@ fn a_squatter_on_a_replicas_port_never_passes_its_warm_up() {
 /// Drain the routed replica: its worker dies with it; then SIGTERM: nothing of any replica is
 /// left once the daemon has exited, counted before any cleanup.
 fn workers_die(groups: bool, ignore_term: bool) {
-    let args: &[&str] = if ignore_term { &["--ignore-sigterm"] } else { &[] };
+    let args: &[&str] = if ignore_term {
+        &["--ignore-sigterm"]
+    } else {
+        &[]
+    };
     let mut d = with_workers(groups, args);
     let m = mode(&d);
     let r = routed_one(&d);
     let worker = worker_of(&d, &id(&r));
     d.cli_ok(&["drain", &id(&r)]);
-    wait_until("the drained replica's worker gone", Duration::from_secs(30), || {
-        (!alive(worker) && !alive(pid(&r))).then_some(())
-    });
+    wait_until(
+        "the drained replica's worker gone",
+        Duration::from_secs(30),
+        || (!alive(worker) && !alive(pid(&r))).then_some(()),
+    );
     let r2 = routed_one(&d);
     let worker2 = worker_of(&d, &id(&r2));
     d.signal(Signal::SIGTERM);
-    let st = d.wait_exit(Duration::from_secs(30)).expect("the daemon exits");
+    let st = d
+        .wait_exit(Duration::from_secs(30))
+        .expect("the daemon exits");
     assert!(st.success(), "{st}");
     // Before any cleanup: no process of any replica, nor its cgroup.
-    assert!(!alive(worker2) && !alive(pid(&r2)), "worker {worker2} or leader survived");
+    assert!(
+        !alive(worker2) && !alive(pid(&r2)),
+        "worker {worker2} or leader survived"
+    );
     assert_eq!(d.children(), Vec::<i32>::new(), "marked processes left");
     if m == Mode::Cgroup {
         let sub = cgroups::subtree(&d.dir.path().join("state")).unwrap();
-        assert!(!sub.exists() || cgroups::procs(&sub).is_empty(), "{sub:?} holds processes");
+        assert!(
+            !sub.exists() || cgroups::procs(&sub).is_empty(),
+            "{sub:?} holds processes"
+        );
         assert!(!sub.exists(), "the subtree is removed at exit");
     }
     if ignore_term {
-        assert!(d.log().contains("did not stop within stop_grace: SIGKILL"), "{}", d.log_tail(30));
+        assert!(
+            d.log().contains("did not stop within stop_grace: SIGKILL"),
+            "{}",
+            d.log_tail(30)
+        );
     }
 }
 
@@ -302,10 +355,16 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
     let r = &testkit::status::replicas_of(&toy)[0];
     assert_eq!(uid(pid(r)), Some(expected), "a model without `user`");
     if expected == 65534 {
-        assert!(d.log().contains("no account \"hearth\": models without `user` run as \"nobody\""));
+        assert!(d
+            .log()
+            .contains("no account \"hearth\": models without `user` run as \"nobody\""));
     }
     let admin = d.wait_settled("admin", 1, 0, Duration::from_secs(30));
-    assert_eq!(uid(pid(&testkit::status::replicas_of(&admin)[0])), Some(0), "user = \"root\"");
+    assert_eq!(
+        uid(pid(&testkit::status::replicas_of(&admin)[0])),
+        Some(0),
+        "user = \"root\""
+    );
     // The unprivileged replica reports for itself (the toy server does, every 200 ms) ...
     d.wait_model("toy", "its own reports", Duration::from_secs(10), |m| {
         m["signal"]["age_ms"].is_u64()
@@ -341,9 +400,15 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
         let ok = inside(&["report", "toy", "--wait-ms", "5"]);
         assert!(ok.status.success(), "{ok:?}");
         let theirs = inside(&["report", "admin", "--replica", &other, "--wait-ms", "5"]);
-        assert!(!theirs.status.success() && theirs.stderr.contains("forbidden"), "{theirs:?}");
+        assert!(
+            !theirs.status.success() && theirs.stderr.contains("forbidden"),
+            "{theirs:?}"
+        );
         let status = inside(&["status"]);
-        assert!(!status.status.success() && status.stderr.contains("forbidden"), "{status:?}");
+        assert!(
+            !status.status.success() && status.stderr.contains("forbidden"),
+            "{status:?}"
+        );
     }
 }
 
@@ -369,14 +434,24 @@ fn a_model_account_that_cannot_reach_its_program_is_said_plainly() {
         )
         .start();
     let m = d.wait_model("toy", "the reason", Duration::from_secs(20), |m| {
-        m["health_reason"].as_str().is_some_and(|s| s.contains("cannot execute"))
-            || testkit::status::replicas_of(m)
-                .iter()
-                .any(|r| r["reason"].as_str().is_some_and(|s| s.contains("cannot execute")))
+        m["health_reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("cannot execute"))
+            || testkit::status::replicas_of(m).iter().any(|r| {
+                r["reason"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("cannot execute"))
+            })
     });
     let text = m.to_string();
-    assert!(text.contains(&format!("{} is not searchable by", private.display())), "{text}");
-    assert!(text.contains("user = \\\"root\\\""), "says how to run it as root: {text}");
+    assert!(
+        text.contains(&format!("{} is not searchable by", private.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains("user = \\\"root\\\""),
+        "says how to run it as root: {text}"
+    );
 }
 
 #[test]
@@ -394,5 +469,8 @@ fn status_shows_what_each_replica_uses() {
     assert!(r["cpu_seconds"].as_f64().is_some_and(|c| c >= 0.0), "{r}");
     // The worker counts too: at least the leader's own resident memory.
     let own = testkit::rss_kib(pid(&r)).unwrap_or(0) * 1024;
-    assert!(r["rss_bytes"].as_u64().unwrap() >= own / 2, "{r} vs leader {own}");
+    assert!(
+        r["rss_bytes"].as_u64().unwrap() >= own / 2,
+        "{r} vs leader {own}"
+    );
 }

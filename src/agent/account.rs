@@ -230,12 +230,24 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
         let why = nobody.cannot_execute(prog.to_str().unwrap(), None).unwrap();
-        assert!(why.contains(&format!("{} is not searchable by nobody", private.display())), "{why}");
+        assert!(
+            why.contains(&format!(
+                "{} is not searchable by nobody",
+                private.display()
+            )),
+            "{why}"
+        );
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(nobody.cannot_execute(prog.to_str().unwrap(), None), None);
         std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o700)).unwrap();
-        assert!(nobody.cannot_execute("server", Some(private.to_str().unwrap())).unwrap().contains("mode 700"));
+        assert!(nobody
+            .cannot_execute("server", Some(private.to_str().unwrap()))
+            .unwrap()
+            .contains("mode 700"));
         // Not found at all: the spawn itself says so.
-        assert_eq!(nobody.cannot_execute("no-such-program-anywhere", Some("/nonexistent")), None);
+        assert_eq!(
+            nobody.cannot_execute("no-such-program-anywhere", Some("/nonexistent")),
+            None
+        );
     }
 }

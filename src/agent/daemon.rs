@@ -142,7 +142,8 @@ impl Daemon {
 
         let accounts = Accounts::resolve();
         accounts.open_socket_to_replicas(&socket_path);
-        let access = Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
+        let access =
+            Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
             published: published.clone(),

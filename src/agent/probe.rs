@@ -102,8 +102,7 @@ pub async fn verify_owner(
         return passed;
     };
     let r = replica.clone();
-    let checked =
-        tokio::task::spawn_blocking(move || containment.verify_listener(&r, port)).await;
+    let checked = tokio::task::spawn_blocking(move || containment.verify_listener(&r, port)).await;
     match checked {
         Ok(Ok(())) => passed,
         Ok(Err(why)) => ProbeOutcome {
@@ -157,7 +156,10 @@ mod tests {
 
     #[test]
     fn only_urls_to_this_machine_are_checked() {
-        assert_eq!(local_port("http://127.0.0.1:21000/v1/completions"), Some(21000));
+        assert_eq!(
+            local_port("http://127.0.0.1:21000/v1/completions"),
+            Some(21000)
+        );
         assert_eq!(local_port("http://localhost:8/x"), Some(8));
         assert_eq!(local_port("http://[::1]:9/x"), Some(9));
         assert_eq!(local_port("http://0.0.0.0/x"), Some(80));

@@ -233,11 +233,15 @@ fn warm_ups_and_rechecks_must_prove_their_listener_and_liveness_need_not() {
         st.models[0].replicas[0].reason
     );
     assert_eq!(
-        h.node.probe_spec(&id, ProbeKind::Recheck).map(|s| s.verify_owner),
+        h.node
+            .probe_spec(&id, ProbeKind::Recheck)
+            .map(|s| s.verify_owner),
         Some(true)
     );
     assert_eq!(
-        h.node.probe_spec(&id, ProbeKind::Liveness).map(|s| s.verify_owner),
+        h.node
+            .probe_spec(&id, ProbeKind::Liveness)
+            .map(|s| s.verify_owner),
         Some(false)
     );
 }

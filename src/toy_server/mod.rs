@@ -291,7 +291,10 @@ async fn load(load_time: Duration, read_file: Option<PathBuf>) -> anyhow::Result
 /// The listening socket a parent toy server handed down (`--listen-fd`).
 fn inherited_listener(fd: i32) -> anyhow::Result<TcpListener> {
     use std::os::fd::FromRawFd;
-    anyhow::ensure!(fd > 2, "--listen-fd must name an inherited socket, not stdio");
+    anyhow::ensure!(
+        fd > 2,
+        "--listen-fd must name an inherited socket, not stdio"
+    );
     // SAFETY: the parent passed this descriptor for exactly this purpose; nothing else in this
     // process owns it.
     let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };

@@ -40,7 +40,9 @@ fn unescape(s: &str) -> String {
     let mut rest = s;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
         match code {
             Some(c) => {
                 out.push(c as char);
@@ -180,12 +182,8 @@ impl Cgroup {
         let cpu_seconds = fs::read_to_string(self.dir.join("cpu.stat"))
             .ok()
             .and_then(|t| {
-                t.lines().find_map(|l| {
-                    l.strip_prefix("usage_usec ")?
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
+                t.lines()
+                    .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse::<u64>().ok())
             })
             .map(|us| us as f64 / 1e6);
         match (rss_bytes, cpu_seconds) {
@@ -247,7 +245,8 @@ mod tests {
             mount_in(hybrid),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
-        let pure = "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
+        let pure =
+            "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(mount_in(pure), Some(PathBuf::from("/sys/fs/cgroup")));
         let v1_only = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
         assert_eq!(mount_in(v1_only), None);

@@ -66,7 +66,8 @@ impl Groups {
             .flat_map(|(r, procs)| procs.iter().map(move |p| (*p, r.clone())))
             .collect();
         // The replica of each of hearth's children: the leaders themselves, and orphans.
-        let mut roots: HashMap<u32, ReplicaId> = leaders.iter().map(|(r, p)| (*p, r.clone())).collect();
+        let mut roots: HashMap<u32, ReplicaId> =
+            leaders.iter().map(|(r, p)| (*p, r.clone())).collect();
         for (&pid, s) in &stats {
             if s.ppid != me || leader_pids.contains(&pid) {
                 continue;

@@ -124,15 +124,30 @@ mod tests {
         assert_eq!(
             v4,
             vec![
-                Listener { port: 0x5208, inode: 111, local: true },
-                Listener { port: 0x5209, inode: 222, local: true },
-                Listener { port: 0x520A, inode: 333, local: false },
+                Listener {
+                    port: 0x5208,
+                    inode: 111,
+                    local: true
+                },
+                Listener {
+                    port: 0x5209,
+                    inode: 222,
+                    local: true
+                },
+                Listener {
+                    port: 0x520A,
+                    inode: 333,
+                    local: false
+                },
             ],
             "established sockets are not listeners; 10.0.0.5 is not loopback"
         );
         let v6 = parse(TCP6);
         let local: Vec<(u64, bool)> = v6.iter().map(|l| (l.inode, l.local)).collect();
-        assert_eq!(local, vec![(555, true), (666, true), (777, true), (888, false)]);
+        assert_eq!(
+            local,
+            vec![(555, true), (666, true), (777, true), (888, false)]
+        );
         assert!(parse("garbage\n0: zz").is_empty());
     }
 

@@ -425,7 +425,10 @@ impl Containment {
     /// SIGKILL to every process of the replica but through its process group.
     fn kill_rest(&self, replica: &ReplicaId) {
         let entry = self.entry(replica);
-        match (&self.backend, entry.as_ref().and_then(|e| e.cgroup.as_ref())) {
+        match (
+            &self.backend,
+            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
+        ) {
             (Backend::Subtree(_), Some(cg)) => {
                 let _ = cg.kill();
             }
@@ -449,7 +452,10 @@ impl Containment {
     pub fn release(&self, replica: &ReplicaId, pid: u32) -> Option<String> {
         let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
         let entry = self.entry(replica);
-        let result = match (&self.backend, entry.as_ref().and_then(|e| e.cgroup.as_ref())) {
+        let result = match (
+            &self.backend,
+            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
+        ) {
             (Backend::Subtree(_), Some(cg)) => cg.kill_and_remove(EMPTY_PATIENCE),
             (Backend::Scopes(s), cg) => {
                 let n = cg.map_or(0, |c| c.procs_recursive().len());
@@ -670,7 +676,8 @@ impl Drop for SpawnGuard<'_> {
 /// the kernel when it dies, whatever the file system (ProtectSystem=strict leaves little
 /// writable).
 fn lock(instance: &str) -> std::io::Result<std::os::unix::net::UnixListener> {
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("hearth-instance/{instance}"))?;
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(format!("hearth-instance/{instance}"))?;
     std::os::unix::net::UnixListener::bind_addr(&addr)
 }
 
@@ -685,7 +692,10 @@ mod tests {
         assert_eq!(a, instance_for(Path::new("/tmp/x/state")));
         assert_ne!(a, instance_for(Path::new("/tmp/y/state")));
         // Fixed forever: the next run (maybe a newer build) must find the same cgroups.
-        assert_eq!(instance_for(Path::new("/tmp/x/state")), "hearth-321b4a5233d7641a");
+        assert_eq!(
+            instance_for(Path::new("/tmp/x/state")),
+            "hearth-321b4a5233d7641a"
+        );
         assert!(a.len() <= 64 && a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
     }
 

@@ -47,7 +47,12 @@ pub enum Prop {
 }
 
 /// The properties of a replica's scope. Kept apart from the call so a test can read them.
-pub fn scope_properties(slice: &str, description: &str, pid: u32, stop_grace: Duration) -> Vec<Prop> {
+pub fn scope_properties(
+    slice: &str,
+    description: &str,
+    pid: u32,
+    stop_grace: Duration,
+) -> Vec<Prop> {
     vec![
         Prop::Str("Description", description.to_string()),
         Prop::Str("Slice", slice.to_string()),
@@ -57,7 +62,10 @@ pub fn scope_properties(slice: &str, description: &str, pid: u32, stop_grace: Du
         Prop::Str("KillMode", "control-group".into()),
         Prop::I32("KillSignal", libc::SIGTERM),
         Prop::Bool("SendSIGKILL", true),
-        Prop::U64("TimeoutStopUSec", stop_grace.as_micros().min(u64::MAX as u128) as u64),
+        Prop::U64(
+            "TimeoutStopUSec",
+            stop_grace.as_micros().min(u64::MAX as u128) as u64,
+        ),
         // A scope whose processes were killed ends "failed"; it must not linger and hold the
         // name for the next replica of that id.
         Prop::Str("CollectMode", "inactive-or-failed".into()),
@@ -90,7 +98,11 @@ fn to_values(props: &[Prop]) -> Vec<(&'static str, Value<'static>)> {
 
 impl Scopes {
     /// Connects to the system bus and checks that systemd answers on it.
-    pub fn connect(handle: Handle, instance: &str, mount: Option<PathBuf>) -> Result<Scopes, String> {
+    pub fn connect(
+        handle: Handle,
+        instance: &str,
+        mount: Option<PathBuf>,
+    ) -> Result<Scopes, String> {
         let bus = handle
             .block_on(async {
                 tokio::time::timeout(Duration::from_secs(5), Connection::system()).await
@@ -162,11 +174,20 @@ impl Scopes {
     }
 
     /// Creates the replica's scope around `pid` and waits until systemd has moved it there.
-    pub fn start(&self, replica: &str, description: &str, pid: u32, stop_grace: Duration) -> Result<Cgroup, String> {
+    pub fn start(
+        &self,
+        replica: &str,
+        description: &str,
+        pid: u32,
+        stop_grace: Duration,
+    ) -> Result<Cgroup, String> {
         let name = self.unit_name(replica);
         let props = scope_properties(&self.slice, description, pid, stop_grace);
         let aux: Vec<(&str, Vec<(&str, Value<'_>)>)> = Vec::new();
-        let reply = self.call("StartTransientUnit", &(name.as_str(), "fail", to_values(&props), aux))?;
+        let reply = self.call(
+            "StartTransientUnit",
+            &(name.as_str(), "fail", to_values(&props), aux),
+        )?;
         let _job: OwnedObjectPath = reply
             .body()
             .deserialize()
@@ -179,9 +200,15 @@ impl Scopes {
                 Some(cg) if cg.ends_with(&suffix) => {
                     return Ok(Cgroup::new(self.cgroup_dir(&cg)));
                 }
-                None => return Err(format!("pid {pid} vanished before systemd placed it in {name}")),
+                None => {
+                    return Err(format!(
+                        "pid {pid} vanished before systemd placed it in {name}"
+                    ))
+                }
                 Some(_) if Instant::now() > deadline => {
-                    return Err(format!("systemd did not move pid {pid} into {name} within {PLACE_TIMEOUT:?}"))
+                    return Err(format!(
+                        "systemd did not move pid {pid} into {name} within {PLACE_TIMEOUT:?}"
+                    ))
                 }
                 Some(_) => std::thread::sleep(Duration::from_millis(5)),
             }
@@ -198,7 +225,8 @@ impl Scopes {
     /// Signals every process of the scope.
     pub fn kill(&self, replica: &str, signal: i32) -> Result<(), String> {
         let name = self.unit_name(replica);
-        self.call("KillUnit", &(name.as_str(), "all", signal)).map(|_| ())
+        self.call("KillUnit", &(name.as_str(), "all", signal))
+            .map(|_| ())
     }
 
     /// Stops the scope (SIGKILL first: its leader is gone, what is left goes at once).
@@ -237,9 +265,16 @@ impl Scopes {
         Ok(units
             .into_iter()
             .filter_map(|u| {
-                let replica = u.0.strip_prefix(&self.prefix)?.strip_suffix(".scope")?.to_string();
+                let replica =
+                    u.0.strip_prefix(&self.prefix)?
+                        .strip_suffix(".scope")?
+                        .to_string();
                 let cgroup = self
-                    .get_property::<String>(u.6.as_str(), "org.freedesktop.systemd1.Scope", "ControlGroup")
+                    .get_property::<String>(
+                        u.6.as_str(),
+                        "org.freedesktop.systemd1.Scope",
+                        "ControlGroup",
+                    )
                     .ok()
                     .filter(|c| !c.is_empty())
                     .map(|c| Cgroup::new(self.cgroup_dir(&c)));
@@ -255,7 +290,12 @@ mod tests {
 
     #[test]
     fn a_scope_carries_the_units_device_policy_and_kills_its_whole_cgroup() {
-        let p = scope_properties("hearth.slice", "hearth replica toy-1", 42, Duration::from_secs(30));
+        let p = scope_properties(
+            "hearth.slice",
+            "hearth replica toy-1",
+            42,
+            Duration::from_secs(30),
+        );
         assert!(p.contains(&Prop::Str("Slice", "hearth.slice".into())));
         assert!(p.contains(&Prop::Pids(vec![42])));
         assert!(p.contains(&Prop::Str("KillMode", "control-group".into())));
@@ -263,13 +303,22 @@ mod tests {
         assert!(p.contains(&Prop::U64("TimeoutStopUSec", 30_000_000)));
         assert!(p.contains(&Prop::Str("CollectMode", "inactive-or-failed".into())));
         assert!(p.contains(&Prop::Str("DevicePolicy", "closed".into())));
-        assert!(p.contains(&Prop::DeviceAllow(vec![("char-nvidia*".into(), "rw".into())])));
+        assert!(p.contains(&Prop::DeviceAllow(vec![(
+            "char-nvidia*".into(),
+            "rw".into()
+        )])));
         // The unit file says the same, so that a replica in its scope sees the devices hearth's
         // own service does.
         let unit = include_str!("../../../systemd/hearth.service");
-        assert!(unit.lines().any(|l| l == format!("DevicePolicy={DEVICE_POLICY}")));
+        assert!(unit
+            .lines()
+            .any(|l| l == format!("DevicePolicy={DEVICE_POLICY}")));
         for (dev, mode) in DEVICE_ALLOW {
-            assert!(unit.lines().any(|l| l == format!("DeviceAllow={dev} {mode}")), "{dev}");
+            assert!(
+                unit.lines()
+                    .any(|l| l == format!("DeviceAllow={dev} {mode}")),
+                "{dev}"
+            );
         }
         // And they serialize with the signatures systemd's StartTransientUnit takes.
         let values = to_values(&p);
