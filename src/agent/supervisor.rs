@@ -105,9 +105,14 @@ impl Supervisor {
         self.cancel.store(true, Ordering::Relaxed);
     }
 
-    /// SIGTERM to a replica's process group; SIGKILL to every process it has.
+    /// SIGTERM to a replica's process group; SIGKILL to every process it has (its group at
+    /// once, the rest off the event loop).
     pub fn signal(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
-        self.containment.signal(replica, pid, signal);
+        self.containment.signal_group(replica, pid, signal);
+        if signal == StopSignal::Kill {
+            let (c, r) = (self.containment.clone(), replica.clone());
+            tokio::task::spawn_blocking(move || c.kill_rest(&r));
+        }
     }
 }
 

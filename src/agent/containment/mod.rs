@@ -407,8 +407,8 @@ impl Containment {
     // ---- stopping ------------------------------------------------------------------------
 
     /// SIGTERM goes to the leader's process group: the server's own graceful stop, as its
-    /// workers expect it. SIGKILL goes to every process of the replica.
-    pub fn signal(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
+    /// workers expect it; SIGKILL too, and then (`kill_rest`) to every process of the replica.
+    pub fn signal_group(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
         let sig = match signal {
             StopSignal::Term => Signal::SIGTERM,
             StopSignal::Kill => Signal::SIGKILL,
@@ -417,13 +417,13 @@ impl Containment {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             Err(e) => tracing::warn!(replica = %replica, pid, "could not send {sig:?}: {e}"),
         }
-        if signal == StopSignal::Kill {
-            self.kill_rest(replica);
-        }
     }
 
-    /// SIGKILL to every process of the replica but through its process group.
-    fn kill_rest(&self, replica: &ReplicaId) {
+    /// SIGKILL to every process of the replica but through its process group: its cgroup's
+    /// (`cgroup.kill`; a scope's processes one by one, since under systemd the cgroup file
+    /// system is read-only to hearth), or those the process-group walk finds. Blocking (it
+    /// reads /proc): off the event loop.
+    pub fn kill_rest(&self, replica: &ReplicaId) {
         let entry = self.entry(replica);
         match (
             &self.backend,
@@ -432,8 +432,10 @@ impl Containment {
             (Backend::Subtree(_), Some(cg)) => {
                 let _ = cg.kill();
             }
-            (Backend::Scopes(s), _) => {
-                let _ = s.kill(replica.as_str(), libc::SIGKILL);
+            (Backend::Scopes(_), Some(cg)) => {
+                for p in cg.procs_recursive() {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+                }
             }
             (Backend::Groups(g), _) => {
                 if let Some(e) = &entry {
