@@ -378,6 +378,7 @@ impl Node {
             user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
+            stop_grace: c.stop_grace,
         })
     }
 

@@ -727,6 +727,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(77),
         pgid: Some(77),
+        replica: None,
         role: Role::None,
     };
     let rep = |replica: Option<&str>| {
@@ -745,6 +746,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(pid + 5),
         pgid: Some(pid),
+        replica: None,
         role: Role::None,
     };
     assert_eq!(
@@ -765,6 +767,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reader,
     };
     assert_eq!(h.request(reader.clone(), rep(None))["error"], "forbidden");
@@ -785,6 +788,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reporter,
     };
     assert_eq!(
