@@ -4,6 +4,7 @@
 //! stand (status_line.rs, notify.rs).
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -13,10 +14,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
+use super::account::Accounts;
+use super::containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
 use super::gpu_monitor::MonitorSink;
-use super::gpu_owner::{Attribution, CgroupIndex};
+use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::logging::LogControl;
@@ -125,16 +128,24 @@ impl Daemon {
         let overrides = state::load(&state_dir);
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
+        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
+        // earlier run left there stopped, before the first replica of this run is placed.
+        let containment = containment::start(&state_dir).await?;
+
         // XIDs, memory readings and inventory changes, from a thread of their own; it stops when
-        // this is dropped. Replica containment registers each replica's cgroup in `cgroups`
-        // (see gpu_owner.rs): until it does, GPU memory is attributed by the process tree.
-        let cgroups = CgroupIndex::default();
+        // this is dropped. GPU memory is attributed by each replica's cgroup where containment
+        // makes one, else by the process tree (see gpu_owner.rs).
         let _monitor = inventory.start_monitor(MonitorSink::new(
             events.clone(),
-            Arc::new(Attribution::new(cgroups.clone())),
+            Arc::new(Attribution::new(containment.gpu_owners())),
         ));
+        let sampling = Arc::new(AtomicBool::new(false));
+        containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
-        let access = Arc::new(Access::new(config.access.clone()));
+        let accounts = Accounts::resolve();
+        accounts.open_socket_to_replicas(&socket_path);
+        let access =
+            Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
             published: published.clone(),
@@ -160,7 +171,8 @@ impl Daemon {
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone()),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
+            containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),
             tracker: tracker.clone(),
@@ -231,6 +243,8 @@ impl Daemon {
         shutdown.cancel();
         tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+        sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+        containment.close();
         match std::fs::remove_file(&socket_path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

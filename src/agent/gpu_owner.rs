@@ -20,22 +20,21 @@ use crate::core::{GpuProcess, ReplicaId};
 /// Parents followed per process.
 pub const MAX_ANCESTORS: usize = 16;
 
-/// Replica cgroups, by their path as `/proc/PID/cgroup` shows it (`0::/…`). Empty until
-/// containment registers what it creates: until then this step is skipped and the process tree
-/// decides.
+/// Replica cgroups, by their directory (`/sys/fs/cgroup/…`). Empty where containment makes
+/// none (process groups): then this step is skipped and the process tree decides.
 ///
-/// THE HOOK: replica containment (a systemd scope `hearth-<replica>.scope`, or a cgroup of its
-/// own in hearth's cgroup2 subtree) calls [`CgroupIndex::insert`] when it has put a replica in
-/// its cgroup and [`CgroupIndex::remove`] when the replica is gone. The daemon creates the index
-/// (agent/daemon.rs) and hands the same one to the GPU monitor.
+/// Containment (agent/containment) inserts a replica's cgroup when the replica's leader is
+/// registered in it (a systemd scope `hearth-<replica>.scope`, or a cgroup of its own in
+/// hearth's cgroup2 subtree) and removes it when the replica is released; the daemon hands the
+/// same index to the GPU monitor.
 #[derive(Clone, Default)]
 pub struct CgroupIndex {
     paths: Arc<RwLock<BTreeMap<String, ReplicaId>>>,
 }
 
 impl CgroupIndex {
-    /// `path`: the replica's cgroup as /proc/PID/cgroup writes it, e.g.
-    /// `/hearth.slice/hearth-m-3.scope`.
+    /// `path`: the replica's cgroup directory, e.g.
+    /// `/sys/fs/cgroup/hearth.slice/hearth-m-3.scope`.
     pub fn insert(&self, path: impl Into<String>, replica: ReplicaId) {
         if let Ok(mut p) = self.paths.write() {
             p.insert(path.into(), replica);
@@ -71,6 +70,8 @@ impl CgroupIndex {
 /// Describes processes for the core.
 pub struct Attribution {
     cgroups: CgroupIndex,
+    /// Where cgroup2 is mounted: /proc/PID/cgroup paths are below it.
+    mount: Option<PathBuf>,
     proc: PathBuf,
     /// The daemon itself: the parent walk stops here (a replica's leader is its child).
     me: u32,
@@ -100,6 +101,7 @@ impl Attribution {
     pub fn new(cgroups: CgroupIndex) -> Attribution {
         Attribution {
             cgroups,
+            mount: super::containment::cgroup2_mount(),
             proc: PathBuf::from("/proc"),
             me: std::process::id(),
         }
@@ -110,7 +112,12 @@ impl Attribution {
         let replica = if self.cgroups.is_empty() {
             None
         } else {
-            cgroup_of(&self.proc, pid).and_then(|c| self.cgroups.replica_in(&c))
+            self.mount.as_ref().and_then(|m| {
+                let rel = cgroup_of(&self.proc, pid)?;
+                let dir = m.join(rel.trim_start_matches('/'));
+                let dir = dir.to_string_lossy();
+                self.cgroups.replica_in(dir.trim_end_matches('/'))
+            })
         };
         GpuProcess {
             pid,
@@ -195,9 +202,17 @@ mod tests {
     #[test]
     fn the_cgroup_hook_names_the_replica_whose_cgroup_holds_the_process() {
         let me = std::process::id();
-        let Some(mine) = cgroup_of(std::path::Path::new("/proc"), me) else {
+        let (Some(rel), Some(mount)) = (
+            cgroup_of(std::path::Path::new("/proc"), me),
+            super::super::containment::cgroup2_mount(),
+        ) else {
             return; // no cgroup2 here: nothing to match against
         };
+        let mine = mount
+            .join(rel.trim_start_matches('/'))
+            .display()
+            .to_string();
+        let mine = mine.trim_end_matches('/').to_string();
         let index = CgroupIndex::default();
         let a = Attribution::new(index.clone());
         assert_eq!(a.process(me, None).replica, None);

@@ -1,6 +1,8 @@
 //! The imperative shell: turns the world into events for the core and its actions into effects.
 
 pub mod access;
+pub mod account;
+pub mod containment;
 pub mod control;
 pub mod daemon;
 mod effects;

@@ -364,6 +364,20 @@ impl GpuTable {
                     (None, true) => None,
                 },
                 topology: s.device.topology.clone(),
+                memory_driver_reserved: s.memory_used.map(|_| s.driver_reserved),
+                mig_parent: s
+                    .device
+                    .mig
+                    .as_ref()
+                    .map(|m| m.parent.clone())
+                    .filter(|p| !p.is_empty()),
+                nvlink: s
+                    .device
+                    .links
+                    .iter()
+                    .filter(|l| l.link == Link::NvLink)
+                    .map(|l| l.peer.clone())
+                    .collect(),
             })
             .collect()
     }

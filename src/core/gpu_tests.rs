@@ -8,17 +8,17 @@ use super::*;
 use crate::protocol::Health;
 use crate::protocol::Request;
 
-pub(super) fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
+pub(crate) fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
     model(name, extra, scaling).replace("gpus = 0", &format!("gpus = 1\ngpu_memory = \"{mem}\""))
 }
 
-pub(super) fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
+pub(crate) fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
     let mut v = h.node.gpus.slot(uuid).unwrap().replicas.clone();
     v.sort();
     v
 }
 
-pub(super) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Event {
+pub(crate) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Event {
     Event::GpuXid {
         uuid: uuid.into(),
         xid,
@@ -27,7 +27,7 @@ pub(super) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Eve
 }
 
 /// A reading of `uuid`: `used` bytes, with (pid, bytes, leaders) processes.
-pub(super) fn reading(uuid: &str, used: u64, processes: &[(u32, Option<u64>, &[u32])]) -> Event {
+pub(crate) fn reading(uuid: &str, used: u64, processes: &[(u32, Option<u64>, &[u32])]) -> Event {
     Event::GpuReading(GpuReading {
         uuid: uuid.into(),
         used,
@@ -457,4 +457,60 @@ fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_
         missing: vec![],
     });
     assert_eq!(spawns(&out), 0);
+}
+
+#[test]
+fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() {
+    const GIB: u64 = 1 << 30;
+    // An 80 GiB card and 38 GiB replicas: two fit only if the first one's bytes count once.
+    let toml = format!(
+        "{ONE_DEVICE}{}",
+        gpu_model("m", "38GiB", "", "min = 1\nmax = 2\nwarm_pool = 0")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    let r = h.in_state("m", ReplicaState::Routed)[0].clone();
+    let leader = h.pid(&r);
+    // The driver says "Unavailable" for the replica's process (a MIG parent without
+    // privilege): 37 GiB are in use, the replica's own, plus 1 GiB someone else holds.
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
+    ));
+    assert_eq!(
+        h.node.gpus.slots[0].memory_foreign, GIB,
+        "only the other process's"
+    );
+    // Across PID namespaces the replica's processes cannot be seen at all: the same.
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(424242, None, &[]), (99999, Some(GIB), &[99999])],
+    ));
+    assert_eq!(h.node.gpus.slots[0].memory_foreign, GIB);
+    // Never more than the replica reserved: the rest of an unknowable 60 GiB is foreign.
+    h.send(reading("GPU-a", 60 * GIB, &[(424242, None, &[])]));
+    assert_eq!(h.node.gpus.slots[0].memory_foreign, 22 * GIB);
+    // Back to 38 GiB used: a second 38 GiB replica fits (80 − 38 reserved − 1 foreign).
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
+    ));
+    let before = h.log.len();
+    let r = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(2),
+            max: None,
+            warm_pool: None,
+        },
+    );
+    assert_eq!(r["ok"], true);
+    h.send(Event::Tick);
+    let after = h.log.get(before..).unwrap_or_default().to_vec();
+    assert_eq!(spawns(&after), 1, "the second replica fits: {after:?}");
 }

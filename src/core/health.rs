@@ -157,6 +157,9 @@ impl Node {
             .collect();
         // (known bytes, some process's bytes unknown) per replica.
         let mut held: BTreeMap<ReplicaId, (u64, bool)> = BTreeMap::new();
+        // Bytes the driver named for processes that are certainly someone else's (hearth can
+        // see them, and they lead to no replica).
+        let mut others_known = 0u64;
         for p in &reading.processes {
             let owner = p
                 .replica
@@ -164,23 +167,45 @@ impl Node {
                 .filter(|r| on_device.contains(r))
                 .cloned()
                 .or_else(|| p.leaders.iter().find_map(|l| leaders.get(l).cloned()));
-            let Some(owner) = owner else { continue };
-            let e = held.entry(owner).or_default();
-            match p.bytes {
-                Some(b) => e.0 = e.0.saturating_add(b),
-                None => e.1 = true,
+            match (owner, p.bytes) {
+                (Some(owner), b) => {
+                    let e = held.entry(owner).or_default();
+                    match b {
+                        Some(b) => e.0 = e.0.saturating_add(b),
+                        None => e.1 = true,
+                    }
+                }
+                (None, Some(b)) if !p.leaders.is_empty() => {
+                    others_known = others_known.saturating_add(b)
+                }
+                // Unseen (another PID namespace) or "Unavailable": may be a replica's.
+                (None, _) => {}
             }
         }
+        // What no process is known to hold: "Unavailable" bytes, processes hearth cannot see,
+        // the driver's contexts. A replica whose bytes the driver would not give, or whose
+        // processes hearth could not find, is taken to hold from it up to what it reserved, and
+        // no more than is there: its bytes count once, as its own, and never again as someone
+        // else's.
+        let attributed: u64 = held.values().map(|(k, _)| *k).sum();
+        let mut pool = reading
+            .used
+            .saturating_sub(attributed)
+            .saturating_sub(others_known);
         let mut ours = 0u64;
         for id in on_device {
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
             };
-            let (known, unknown) = held.get(&id).copied().unwrap_or_default();
-            // What the driver would not count for a replica is taken to be what it reserved:
-            // its bytes count once, as its own, and never again as someone else's.
+            let (known, unknown) = match held.get(&id) {
+                Some(&(k, u)) => (k, u),
+                // Nothing found for it: what it holds is unknown.
+                None => (0, true),
+            };
             let usage = if unknown {
-                known.max(r.gpu_bytes)
+                let extra = r.gpu_bytes.saturating_sub(known).min(pool);
+                pool -= extra;
+                known.saturating_add(extra)
             } else {
                 known
             };

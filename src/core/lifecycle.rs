@@ -101,6 +101,7 @@ impl Node {
                 ReplicaState::Pending => {}
             }
         }
+        self.ports.expire_busy(now);
         // Failures age out of the window even when no new one comes: crash_loop clears by itself.
         for m in self.models.values_mut() {
             m.recent_failures(now);

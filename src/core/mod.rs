@@ -15,7 +15,7 @@ mod capacity;
 mod event;
 mod gpu;
 #[cfg(test)]
-mod gpu_tests;
+pub(crate) mod gpu_tests;
 mod health;
 mod lifecycle;
 mod model;
@@ -27,6 +27,9 @@ mod policy_tests;
 mod ports;
 mod prefetch;
 mod probes;
+mod processes;
+#[cfg(test)]
+mod processes_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -39,12 +42,13 @@ mod signal;
 mod starts;
 pub mod status;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub mod xid;
 
 pub use event::{
     Action, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome,
     ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
+    Usage,
 };
 pub use gpu::{GpuDevice, Link, MigSlice, PeerLink};
 pub use model::Overrides;

@@ -145,6 +145,7 @@ impl Node {
                 expect_status: 200,
                 expect_body: None,
                 timeout: l.timeout,
+                verify_owner: false,
             },
             _ => ProbeSpec {
                 method: w.method.clone(),
@@ -158,6 +159,9 @@ impl Node {
                 expect_status: w.expect_status,
                 expect_body: w.expect_body.clone(),
                 timeout: w.timeout,
+                // Warm-ups and rechecks decide whether a replica may take traffic: the answer
+                // must come from the replica's own process.
+                verify_owner: true,
             },
         })
     }

@@ -378,7 +378,8 @@ impl Node {
     fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
         let r = self.replicas.get(id)?;
         // The configuration the replica was made from: during a rollout, old or new.
-        let c = &self.models.get(&r.model)?.config_of(&r.spec).launch;
+        let model_config = self.models.get(&r.model)?.config_of(&r.spec);
+        let c = &model_config.launch;
         let vars = self.placeholders(r);
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
@@ -422,6 +423,7 @@ impl Node {
             user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
+            stop_grace: model_config.stop_grace,
         })
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::event::QueueTime;
+use super::event::{QueueTime, Usage};
 use super::signal::ReplicaSignal;
 use super::Time;
 use crate::config::LaunchSpec;
@@ -90,6 +90,8 @@ pub struct Replica {
     pub last_scraped: Option<Time>,
     /// The queue-time totals of the last scrape that had them.
     pub scraped_queue_time: Option<QueueTime>,
+    /// Memory and CPU of its processes, as the shell last sampled them.
+    pub usage: Usage,
 }
 
 impl Replica {
@@ -129,6 +131,7 @@ impl Replica {
             gpu_used: Default::default(),
             overrun_warned: false,
             scraped_queue_time: None,
+            usage: Usage::default(),
         }
     }
 

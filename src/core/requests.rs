@@ -131,8 +131,17 @@ impl Node {
         }
     }
 
-    /// The live replica whose process group the peer belongs to.
+    /// The live replica the peer is a process of: the one whose cgroup or scope holds it, as
+    /// the shell found it (which covers processes that left the process group), else the one
+    /// whose process group it belongs to.
     fn replica_of_peer(&self, peer: &Peer) -> Option<&ReplicaId> {
+        if let Some(id) = &peer.replica {
+            return self
+                .replicas
+                .get(id)
+                .filter(|r| r.pid.is_some())
+                .map(|r| &r.id);
+        }
         let pgid = peer.pgid?;
         self.replicas
             .values()

@@ -1,6 +1,6 @@
 //! Devices a pending replica may not start on yet, although they have room: one start per
-//! device (`start_alone`), and, just after the daemon starts, devices whose first memory reading
-//! has not come (their room is not known yet).
+//! device (`start_alone`), and, just after the daemon starts, every device until each metered
+//! device has given its first memory reading (the room is not known yet).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,12 +41,24 @@ impl Node {
             }
         }
         if now < self.started + FIRST_READING {
-            for s in &self.gpus.slots {
-                if s.device.metered && s.memory_used.is_none() {
-                    let u = &s.device.uuid;
-                    held.entry(u.clone()).or_insert_with(|| {
-                        format!("waiting for the first memory reading of GPU {u}")
-                    });
+            // Until every device has been read, none is placed on: the best device may be one
+            // not read yet, and a multi-GPU set chosen among the devices read so far could
+            // split a set that belongs together (an NVLink pair).
+            let unread: Vec<&str> = self
+                .gpus
+                .slots
+                .iter()
+                .filter(|s| s.device.metered && s.memory_used.is_none())
+                .map(|s| s.device.uuid.as_str())
+                .collect();
+            if !unread.is_empty() {
+                let why = format!(
+                    "waiting for the first memory reading of GPU {}",
+                    unread.join(", ")
+                );
+                for s in &self.gpus.slots {
+                    held.entry(s.device.uuid.clone())
+                        .or_insert_with(|| why.clone());
                 }
             }
         }

@@ -120,6 +120,8 @@ impl Node {
                     } else {
                         String::new()
                     },
+                    rss_bytes: r.usage.rss_bytes,
+                    cpu_seconds: r.usage.cpu_seconds,
                 })
                 .collect(),
         }

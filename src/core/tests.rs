@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::protocol::Health;
 use crate::protocol::{Report, Request, Role, WatchEvent};
 
-pub(super) const BASE: &str = r#"
+pub(crate) const BASE: &str = r#"
 [daemon]
 socket = "/tmp/hearth-test.sock"
 ports = "30000-30099"
@@ -25,7 +25,7 @@ uuid = "GPU-b"
 memory = "80GiB"
 "#;
 
-pub(super) fn model(name: &str, extra: &str, scaling: &str) -> String {
+pub(crate) fn model(name: &str, extra: &str, scaling: &str) -> String {
     format!(
         r#"
 [[model]]
@@ -51,7 +51,7 @@ failures = 3
 }
 
 /// A node under test, with a virtual clock and a fake process table.
-pub(super) struct Harness {
+pub(crate) struct Harness {
     pub node: Node,
     pub now: Time,
     next_pid: u32,
@@ -79,6 +79,37 @@ impl Harness {
         };
         h.send(Event::Tick);
         h
+    }
+
+    /// Whether the device takes replicas now (for tests outside the core).
+    pub fn accepts(&self, uuid: &str) -> bool {
+        self.node.gpus.slot(uuid).is_some_and(|s| s.accepts())
+    }
+
+    /// (bytes reserved, NVML index) of a device.
+    pub fn reserved_on(&self, uuid: &str) -> Option<(u64, u32)> {
+        self.node
+            .gpus
+            .slot(uuid)
+            .map(|s| (s.reserved, s.device.index))
+    }
+
+    /// The devices of a replica.
+    pub fn gpus_of(&self, id: &ReplicaId) -> Vec<String> {
+        self.node
+            .replicas
+            .get(id)
+            .map(|r| r.gpus.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every replica's state and devices.
+    pub fn all_replicas(&self) -> Vec<(ReplicaState, Vec<String>)> {
+        self.node
+            .replicas
+            .values()
+            .map(|r| (r.state, r.gpus.clone()))
+            .collect()
     }
 
     pub fn send(&mut self, ev: Event) -> Vec<Action> {
@@ -229,14 +260,14 @@ impl Harness {
     }
 }
 
-pub(super) fn spawns(actions: &[Action]) -> usize {
+pub(crate) fn spawns(actions: &[Action]) -> usize {
     actions
         .iter()
         .filter(|a| matches!(a, Action::Spawn(_)))
         .count()
 }
 
-pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
+pub(crate) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -248,7 +279,7 @@ pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
         .collect()
 }
 
-pub(super) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
+pub(crate) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -736,6 +767,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(77),
         pgid: Some(77),
+        replica: None,
         role: Role::None,
     };
     let rep = |replica: Option<&str>| {
@@ -754,6 +786,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(pid + 5),
         pgid: Some(pid),
+        replica: None,
         role: Role::None,
     };
     assert_eq!(
@@ -774,6 +807,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reader,
     };
     assert_eq!(h.request(reader.clone(), rep(None))["error"], "forbidden");
@@ -794,6 +828,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reporter,
     };
     assert_eq!(

@@ -178,6 +178,14 @@ pub struct ReplicaView {
     /// What the replica is waiting for or why it is leaving; empty when nothing to say.
     #[serde(default)]
     pub reason: String,
+    /// Resident memory of the replica's processes, in bytes (its cgroup's `memory.current`
+    /// where the memory controller is on, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// CPU time its processes used so far, user and system, in seconds (the cgroup's
+    /// `cpu.stat`, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub cpu_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -200,9 +208,19 @@ pub struct GpuView {
     /// Why the device is unhealthy or cordoned (the XID, the operator's reason), if it is.
     #[serde(default)]
     pub note: Option<String>,
-    /// NUMA node (or PCIe root) key shared by devices close to each other; null if unknown.
+    /// The NUMA node the device hangs off (`numa<N>`, from the kernel); null if unknown.
     #[serde(default)]
     pub topology: Option<String>,
+    /// Memory the driver and firmware set aside (NVML's `reserved`): never capacity. Null until
+    /// NVML has reported.
+    #[serde(default)]
+    pub memory_driver_reserved: Option<u64>,
+    /// For a MIG instance, the UUID of the GPU it is a slice of; null for a whole GPU.
+    #[serde(default)]
+    pub mig_parent: Option<String>,
+    /// UUIDs of the devices NVML says this one reaches over NVLink.
+    #[serde(default)]
+    pub nvlink: Vec<String>,
 }
 
 // ---- WATCH -----------------------------------------------------------------------------------
