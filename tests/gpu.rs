@@ -299,3 +299,85 @@ fn prefetch_reads_the_weights_beside_the_server_start_and_warns_about_missing_fi
     // The prefetch runs beside the spawn, never in front of it: the server starts at once.
     assert!(log.contains("spawned:"), "the server was started:\n{log}");
 }
+
+/// `examples/vllm.toml`'s model, with `vllm` replaced by a fake that reads CUDA_VISIBLE_DEVICES
+/// as vLLM does (tests/fixtures/vllm/vllm), on two declared 80 GiB devices; `naming` set when
+/// given.
+fn example_vllm(naming: Option<&str>) -> Model {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/vllm.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cfg = hearth::config::Config::parse(&text, &path).expect("the example parses");
+    let ex = &cfg.models[0];
+    let l = &ex.launch;
+    assert_eq!(l.command[0], "vllm", "the example runs vllm");
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm/vllm");
+    let mut m = Model::toy(&ex.name, &[]);
+    m.command = std::iter::once(fake.display().to_string())
+        .chain(l.command.iter().skip(1).cloned())
+        .collect();
+    m.env = l.env.clone().into_iter().collect();
+    m.env
+        .push(("HEARTH_BIN".into(), testkit::hearth().display().to_string()));
+    m.gpus = l.gpus;
+    m.gpu_memory = Some(format!("{}GiB", l.gpu_memory.unwrap() >> 30));
+    m.placement = Some("pack".into());
+    m.device_naming = naming.map(str::to_string);
+    m.warmup.body = l.warmup.body.clone().unwrap();
+    m.warmup.startup_timeout = "30s".into();
+    m.scaling.min = ex.scaling.min;
+    m.scaling.max = ex.scaling.max;
+    m.scaling.warm_pool = 1;
+    m.scaling.target_wait = None;
+    m
+}
+
+#[test]
+fn a_fake_vllm_from_the_example_s_settings_starts_on_hearth_s_device_names() {
+    let d = gpu_daemon(
+        "static",
+        &[("GPU-vllm-0", "80GiB"), ("GPU-vllm-1", "80GiB")],
+    )
+    .model(example_vllm(None))
+    .start();
+    // min 1 and warm_pool 1: one routed, one warm, both packed on the first device (38 GiB each).
+    d.wait_settled("llama-8b", 1, 1, LONG);
+    let st = d.status();
+    let all: Vec<(String, i32, Vec<String>)> = ["routed", "warm"]
+        .iter()
+        .flat_map(|s| placed(&st, "llama-8b", s))
+        .collect();
+    assert_eq!(all.len(), 2);
+    for (id, pid, gpus) in &all {
+        assert_eq!(gpus, &vec!["GPU-vllm-0".to_string()], "{id}");
+        assert_eq!(
+            env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
+            Some("0"),
+            "{id}"
+        );
+        assert_eq!(
+            env_var(*pid, "CUDA_DEVICE_ORDER").as_deref(),
+            Some("PCI_BUS_ID"),
+            "{id}"
+        );
+    }
+    let log = d.log();
+    assert!(
+        log.contains("vllm (fake): CUDA_VISIBLE_DEVICES=0"),
+        "the fake read the variable:\n{log}"
+    );
+}
+
+#[test]
+fn the_fake_vllm_fails_on_uuids_as_vllm_does() {
+    // The proof that the test above can fail: named by UUID, vLLM's int() refuses the value.
+    let d = gpu_daemon("static", &[("GPU-vllm-0", "80GiB")])
+        .model(example_vllm(Some("uuid")))
+        .start();
+    let log = wait_until("the fake's ValueError in the log", LONG, || {
+        let log = d.log();
+        log.contains("invalid literal for int() with base 10: 'GPU-vllm-0'")
+            .then_some(log)
+    });
+    let st = d.status();
+    assert!(in_state(&st, "llama-8b", "routed").is_empty(), "{log}");
+}

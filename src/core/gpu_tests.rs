@@ -514,3 +514,49 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
     let after = h.log.get(before..).unwrap_or_default().to_vec();
     assert_eq!(spawns(&after), 1, "the second replica fits: {after:?}");
 }
+
+#[test]
+fn one_replica_starts_on_a_device_at_a_time_and_pack_waits_for_it() {
+    // start_alone (the default): vLLM profiles the whole device's free memory at start, so a
+    // second start beside the first would size its cache on memory the first is still taking.
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model("m", "30GiB", "", "min = 2\nmax = 2\nwarm_pool = 0")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    assert_eq!(spawns(&first), 1, "one start at a time");
+    let ids = h.spawn_all(&first);
+    let waiting = h.in_state("m", ReplicaState::Pending);
+    assert_eq!(waiting.len(), 1);
+    let st = h.node.status(Some("m"), h.now);
+    let reason = st.models[0]
+        .replicas
+        .iter()
+        .find(|r| r.id == waiting[0].0)
+        .map(|r| r.reason.clone())
+        .unwrap_or_default();
+    assert!(reason.contains("start_alone"), "{reason}");
+    // Pack: the second waits for GPU-a rather than starting on the empty GPU-b.
+    h.advance(Duration::from_secs(5));
+    assert_eq!(h.in_state("m", ReplicaState::Pending).len(), 1);
+    let out = h.warm(&ids[0]);
+    assert_eq!(spawns(&out), 1, "{out:?}");
+    let second = h.spawn_all(&out);
+    assert_eq!(on_device(&h, "GPU-a").len(), 2);
+    assert!(on_device(&h, "GPU-b").is_empty());
+    drop(second);
+
+    // Off: both start at once.
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model(
+            "m",
+            "30GiB",
+            "start_alone = false",
+            "min = 2\nmax = 2\nwarm_pool = 0"
+        )
+    );
+    let h = Harness::new(&toml);
+    assert_eq!(spawns(&h.log), 2);
+}

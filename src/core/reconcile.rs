@@ -313,26 +313,22 @@ impl Node {
                 by_index: launch.device_naming == DeviceNaming::Index,
                 exclude,
             };
+            // Placed as if nothing were held; a device that is held (a start under way on it,
+            // or the first memory readings pending) is then waited for, never swapped for
+            // another: `pack` still fills one device, and a multi-GPU set is never split.
             let held = self.held_for(&model, now);
-            let held_set: BTreeSet<String> = held.keys().cloned().collect();
-            let placed = match self.gpus.place(&want(&held_set)) {
-                Ok(p) => p,
-                Err(why) => {
-                    // Room that is only held (a start under way, a first reading pending) is
-                    // waited for: no reclaim, and not no_capacity.
-                    let nothing = BTreeSet::new();
-                    let waiting = match self.gpus.place(&want(&nothing)) {
-                        Ok(p) if !held.is_empty() => {
-                            p.devices.iter().find_map(|u| held.get(u)).cloned()
-                        }
-                        _ => None,
-                    };
-                    if let Some(wait) = waiting {
+            let nothing = BTreeSet::new();
+            let placed = match self.gpus.place(&want(&nothing)) {
+                Ok(p) => {
+                    if let Some(wait) = p.devices.iter().find_map(|u| held.get(u)).cloned() {
                         if let Some(r) = self.replicas.get_mut(&id) {
                             r.reason = wait;
                         }
                         continue;
                     }
+                    p
+                }
+                Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
                         None => why,
