@@ -226,6 +226,9 @@ pub struct SignalConfig {
     pub scrape: String,
     pub format: ScrapeFormat,
     pub interval: Duration,
+    /// Triton: the models whose request counters count (the ones clients call: an ensemble,
+    /// not its steps); empty: every model.
+    pub models: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

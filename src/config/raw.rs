@@ -114,6 +114,7 @@ pub(super) struct RawSignal {
     pub scrape: Opt<String>,
     pub format: Opt<String>,
     pub interval: Opt<String>,
+    pub models: Opt<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -321,6 +321,8 @@ pub enum Action {
         replica: ReplicaId,
         url: String,
         format: ScrapeFormat,
+        /// Triton: the models whose request counters count; empty: all.
+        models: Vec<String>,
         timeout: Duration,
     },
     /// The answer to `Event::Request` `id`; the socket layer writes it.

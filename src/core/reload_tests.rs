@@ -587,6 +587,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
                         scrape: "http://127.0.0.1:{port}/metrics".into(),
                         format: ScrapeFormat::Llamacpp,
                         interval: Duration::from_secs(1),
+                        models: Vec::new(),
                     }),
                 }
             }),

@@ -37,6 +37,7 @@ impl Node {
                 replica: r.id.clone(),
                 url: crate::config::expand(&sig.scrape, &vars),
                 format: sig.format,
+                models: sig.models.clone(),
                 timeout: sig
                     .interval
                     .clamp(Duration::from_millis(500), Duration::from_secs(5)),

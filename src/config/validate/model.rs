@@ -392,9 +392,30 @@ impl Cx<'_> {
             "the metrics URL, e.g. \"http://127.0.0.1:{port}/metrics\"",
         )?;
         let scrape = self.model_url(k("scrape"), scrape, urls)?;
+        let models =
+            match &raw.models {
+                None => Vec::new(),
+                Some(m) if format != ScrapeFormat::Triton => return Err(self.err(
+                    &k("models"),
+                    Some(m.span()),
+                    "only Triton serves several models behind one metrics page; leave models out",
+                )),
+                Some(m) if m.get_ref().is_empty() || m.get_ref().len() > 64 => {
+                    return Err(self.err(
+                        &k("models"),
+                        Some(m.span()),
+                        "between 1 and 64 Triton model names (leave the key out for every model)",
+                    ))
+                }
+                Some(m) if m.get_ref().iter().any(|n| n.trim().is_empty()) => {
+                    return Err(self.err(&k("models"), Some(m.span()), "a model name is empty"))
+                }
+                Some(m) => m.get_ref().clone(),
+            };
         Ok(SignalConfig {
             scrape,
             format,
+            models,
             interval: self.nonzero_duration(
                 &k("interval"),
                 &raw.interval,
