@@ -18,7 +18,8 @@ use super::account::Accounts;
 use super::containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
-use super::gpu_monitor::{self, MonitorSink};
+use super::gpu_monitor::MonitorSink;
+use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::logging::LogControl;
@@ -127,16 +128,17 @@ impl Daemon {
         let overrides = state::load(&state_dir);
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
-        // XIDs and memory readings, from a thread of their own; it stops when this is dropped.
-        let _monitor = inventory.start_monitor(MonitorSink {
-            to_core: events.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
-            interval: gpu_monitor::MEMORY_INTERVAL,
-        });
-
         // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
         // earlier run left there stopped, before the first replica of this run is placed.
         let containment = containment::start(&state_dir).await?;
+
+        // XIDs, memory readings and inventory changes, from a thread of their own; it stops when
+        // this is dropped. GPU memory is attributed by each replica's cgroup where containment
+        // makes one, else by the process tree (see gpu_owner.rs).
+        let _monitor = inventory.start_monitor(MonitorSink::new(
+            events.clone(),
+            Arc::new(Attribution::new(containment.gpu_owners())),
+        ));
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
@@ -366,7 +368,8 @@ async fn tick_opt(t: &mut Option<tokio::time::Interval>) {
 /// The device an event is about, for the `GPU` field of what the core logs in answer.
 fn gpu_of(ev: &Event) -> Option<String> {
     match ev {
-        Event::GpuXid { uuid, .. } | Event::GpuMemory { uuid, .. } => Some(uuid.clone()),
+        Event::GpuXid { uuid, .. } => Some(uuid.clone()),
+        Event::GpuReading(r) => Some(r.uuid.clone()),
         _ => None,
     }
 }

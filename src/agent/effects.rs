@@ -176,12 +176,13 @@ impl Effects {
                 replica,
                 url,
                 format,
+                models,
                 timeout,
             } => {
                 let client = self.workers.http.clone();
                 let events = self.workers.events.clone();
                 self.workers.tracker.spawn(async move {
-                    let outcome = scrape::run(&client, &url, format, timeout).await;
+                    let outcome = scrape::run(&client, &url, format, &models, timeout).await;
                     events.send(Event::Scraped { replica, outcome }).await;
                 });
             }

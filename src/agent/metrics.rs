@@ -445,6 +445,9 @@ mod tests {
             memory_foreign: None,
             note: None,
             topology: None,
+            memory_driver_reserved: None,
+            mig_parent: None,
+            nvlink: Vec::new(),
         }];
         let text = r.render(StatusView {
             models: vec![m, quiet],

@@ -7,6 +7,7 @@ pub mod control;
 pub mod daemon;
 mod effects;
 pub mod gpu_monitor;
+pub mod gpu_owner;
 pub mod inbox;
 pub mod inventory;
 pub mod logging;

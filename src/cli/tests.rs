@@ -158,6 +158,9 @@ fn gpu(index: u32, uuid: &str, used: Option<u64>, note: Option<&str>) -> GpuView
         memory_foreign: used.map(|u| u - 20 * GIB),
         note: note.map(String::from),
         topology: None,
+        memory_driver_reserved: None,
+        mig_parent: None,
+        nvlink: Vec::new(),
     }
 }
 

@@ -109,11 +109,28 @@ pub enum Placement {
     Spread,
 }
 
+/// How a replica's `CUDA_VISIBLE_DEVICES` names its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceNaming {
+    /// NVML indices, with `CUDA_DEVICE_ORDER=PCI_BUS_ID` so that CUDA numbers devices the way
+    /// NVML does (PCI bus order). What vLLM needs (it reads each entry with `int()`); cannot
+    /// name a MIG instance.
+    Index,
+    /// Device UUIDs (`GPU-…`, `MIG-…`): unambiguous, and the only way to name MIG instances.
+    Uuid,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub name: String,
     /// What its replicas are made from. Everything else here applies to running replicas live.
     pub launch: LaunchSpec,
+    /// A replica of this model starts alone on its GPUs: it is not started on a device where
+    /// another replica is starting or stopping, and while it starts nothing else is started
+    /// there (servers such as vLLM size their KV cache from the device's free memory once, at
+    /// start).
+    pub start_alone: bool,
     pub priority: i32,
     pub stop_grace: Duration,
     pub liveness: Option<LivenessConfig>,
@@ -148,6 +165,9 @@ pub struct LaunchSpec {
     pub gpu_memory: Option<u64>,
     #[serde(default = "defaults::placement")]
     pub placement: Placement,
+    /// How `CUDA_VISIBLE_DEVICES` names the replica's devices.
+    #[serde(default = "defaults::device_naming")]
+    pub device_naming: DeviceNaming,
     #[serde(default)]
     pub prefetch: Vec<String>,
     pub warmup: WarmupConfig,
@@ -206,6 +226,9 @@ pub struct SignalConfig {
     pub scrape: String,
     pub format: ScrapeFormat,
     pub interval: Duration,
+    /// Triton: the models whose request counters count (the ones clients call: an ensemble,
+    /// not its steps); empty: every model.
+    pub models: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -74,6 +74,8 @@ pub(super) struct RawModel {
     pub gpus: Opt<u32>,
     pub gpu_memory: Opt<String>,
     pub placement: Opt<String>,
+    pub device_naming: Opt<String>,
+    pub start_alone: Opt<bool>,
     pub priority: Opt<i32>,
     pub stop_grace: Opt<String>,
     pub prefetch: Opt<Vec<String>>,
@@ -112,6 +114,7 @@ pub(super) struct RawSignal {
     pub scrape: Opt<String>,
     pub format: Opt<String>,
     pub interval: Opt<String>,
+    pub models: Opt<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::gpu::GpuDevice;
 use super::model::Overrides;
 use super::replica::ReplicaId;
+use super::xid::RecoveryAction;
 use crate::config::{Config, ScrapeFormat};
 use crate::protocol::{Answer, Request, Role, WatchEvent};
 
@@ -95,6 +96,35 @@ pub struct Usage {
     pub rss_bytes: Option<u64>,
     /// CPU time used so far, user and system, in seconds; None when unknown.
     pub cpu_seconds: Option<f64>,
+}
+
+/// One reading of a device by the GPU monitor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    pub uuid: String,
+    /// Memory allocated on the device by every process (NVML's `used`, which leaves out the
+    /// driver's reserve).
+    pub used: u64,
+    /// Memory the driver and firmware set aside.
+    pub driver_reserved: u64,
+    /// The compute processes on the device, as the driver lists them.
+    pub processes: Vec<GpuProcess>,
+    /// The device's recovery action, where the driver reports one.
+    pub recovery: Option<RecoveryAction>,
+}
+
+/// A process on a GPU and what the shell could find out about whose it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Bytes it holds on the device; None where the driver would not say ("Unavailable": MIG
+    /// without privilege, another PID namespace).
+    pub bytes: Option<u64>,
+    /// The replica whose cgroup holds it, where replicas have cgroups.
+    pub replica: Option<ReplicaId>,
+    /// Processes that may have started it, nearest first: itself, its process group, its
+    /// parents, its session. The first that is a replica's leader makes it that replica's.
+    pub leaders: Vec<u32>,
 }
 
 /// What a scrape of a model server's own metrics says about its queue.
@@ -230,17 +260,15 @@ pub enum Event {
     ConfigRead(Result<Box<NewConfig>, String>),
     /// The devices the inventory sees now (at start, and when it changes).
     Inventory(Vec<GpuDevice>),
-    /// An XID error NVML reported for a device.
+    /// An XID error NVML reported for a device (or for a GPU whose MIG instances are the
+    /// devices), with the device's recovery action read right after it (None: not readable).
     GpuXid {
         uuid: String,
         xid: u64,
+        recovery: Option<RecoveryAction>,
     },
-    /// Memory in use on a device (every process), and how much each process group holds there.
-    GpuMemory {
-        uuid: String,
-        used: u64,
-        by_group: Vec<(u32, u64)>,
-    },
+    /// A reading of one device: memory, the processes on it, the recovery action.
+    GpuReading(GpuReading),
     /// Progress of reading a starting replica's `prefetch` files into the page cache (the
     /// shell sends one at the start, some while reading, and one when done: `done == total`).
     /// `missing`: patterns that matched nothing or files that could not be read.
@@ -293,6 +321,8 @@ pub enum Action {
         replica: ReplicaId,
         url: String,
         format: ScrapeFormat,
+        /// Triton: the models whose request counters count; empty: all.
+        models: Vec<String>,
         timeout: Duration,
     },
     /// The answer to `Event::Request` `id`; the socket layer writes it.

@@ -15,11 +15,12 @@ mod capacity;
 mod event;
 mod gpu;
 #[cfg(test)]
-mod gpu_tests;
+pub(crate) mod gpu_tests;
 mod health;
 mod lifecycle;
 mod model;
 mod node;
+mod placement;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
@@ -38,18 +39,22 @@ mod replica;
 mod requests;
 mod scrape;
 mod signal;
+mod starts;
 pub mod status;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+pub mod xid;
 
 pub use event::{
-    Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
-    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal, Usage,
+    Action, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome,
+    ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
+    Usage,
 };
-pub use gpu::GpuDevice;
+pub use gpu::{GpuDevice, Link, MigSlice, PeerLink};
 pub use model::Overrides;
 pub use node::Node;
 pub use replica::{ReplicaId, ReplicaState};
+pub use xid::RecoveryAction;
 
 use std::ops::{Add, Sub};
 use std::time::Duration;

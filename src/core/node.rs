@@ -35,6 +35,11 @@ pub struct Node {
     pub(super) version: String,
     /// Events handled so far: tells what happened in this event from what happened before.
     pub(super) events: u64,
+    /// When the node was made: start-up placement waits for the first memory readings until
+    /// `FIRST_READING` after it.
+    pub(super) started: Time,
+    /// Placement went ahead without a device's first memory reading (logged once).
+    pub(super) unread_warned: bool,
 }
 
 impl Node {
@@ -65,6 +70,8 @@ impl Node {
             published: BTreeMap::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             events: 0,
+            started: now,
+            unread_warned: false,
         }
     }
 
@@ -92,13 +99,13 @@ impl Node {
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
             Event::ReloadSignal => self.reload_asked(None, &mut out),
             Event::ConfigRead(read) => self.config_read(read, now, &mut out),
-            Event::Inventory(devices) => self.gpus.update(devices),
-            Event::GpuXid { uuid, xid } => self.xid(&uuid, xid, now, &mut out),
-            Event::GpuMemory {
+            Event::Inventory(devices) => self.inventory(devices, &mut out),
+            Event::GpuXid {
                 uuid,
-                used,
-                by_group,
-            } => self.gpu_memory(&uuid, used, &by_group, &mut out),
+                xid,
+                recovery,
+            } => self.xid(&uuid, xid, recovery, now, &mut out),
+            Event::GpuReading(reading) => self.gpu_reading(reading, &mut out),
             Event::Prefetch {
                 replica,
                 done_bytes,

@@ -171,7 +171,7 @@ impl Node {
             port: r.port.unwrap_or(0),
             replica: r.id.0.clone(),
             model: r.model.clone(),
-            gpus: self.gpus.uuids(&r.gpus).join(","),
+            gpus: r.gpus.join(","),
         }
     }
 }

@@ -3,11 +3,14 @@
 
 use std::sync::Arc;
 
+use std::collections::BTreeSet;
+
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
+use super::placement::Want;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
-use crate::config::WarmPool;
+use crate::config::{DeviceNaming, WarmPool};
 
 /// How many of each state a model has now.
 #[derive(Debug, Clone, Copy, Default)]
@@ -303,11 +306,28 @@ impl Node {
                 continue;
             }
             let launch = m.launch_spec();
-            let placed = match self
-                .gpus
-                .place(launch.gpus, launch.gpu_memory, launch.placement)
-            {
-                Ok(p) => p,
+            let want = |exclude| Want {
+                count: launch.gpus,
+                bytes: launch.gpu_memory,
+                placement: launch.placement,
+                by_index: launch.device_naming == DeviceNaming::Index,
+                exclude,
+            };
+            // Placed as if nothing were held; a device that is held (a start under way on it,
+            // or the first memory readings pending) is then waited for, never swapped for
+            // another: `pack` still fills one device, and a multi-GPU set is never split.
+            let held = self.held_for(&model, now);
+            let nothing = BTreeSet::new();
+            let placed = match self.gpus.place(&want(&nothing)) {
+                Ok(p) => {
+                    if let Some(wait) = p.devices.iter().find_map(|u| held.get(u)).cloned() {
+                        if let Some(r) = self.replicas.get_mut(&id) {
+                            r.reason = wait;
+                        }
+                        continue;
+                    }
+                    p
+                }
                 Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
@@ -320,6 +340,11 @@ impl Node {
                     continue;
                 }
             };
+            self.note_unread(&placed.devices, out);
+            let Some(m) = self.models.get(&model) else {
+                continue;
+            };
+            let launch = m.launch_spec();
             let exclusive = launch.gpu_memory.is_none();
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
@@ -332,7 +357,8 @@ impl Node {
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
-            self.gpus.reserve(&id, &placed, exclusive);
+            self.gpus
+                .reserve(&id, &placed.devices, placed.bytes, exclusive);
             self.set_state(&id, ReplicaState::Starting, now, out);
             if let Some(spec) = self.spawn_spec(&id) {
                 out.push(Action::Spawn(spec));
@@ -354,14 +380,28 @@ impl Node {
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
             c.env.iter().map(|(k, v)| (k.clone(), expand(v))).collect();
-        let uuids = self.gpus.uuids(&r.gpus);
-        let visible = uuids.join(",");
-        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.clone()));
+        let uuids = r.gpus.clone();
+        // hearth's placement wins over anything else naming devices (validation refuses these
+        // in `env`; the order here makes sure of it).
+        match c.device_naming {
+            DeviceNaming::Uuid => env.push(("CUDA_VISIBLE_DEVICES".into(), uuids.join(","))),
+            DeviceNaming::Index => {
+                let indices: Vec<String> = self
+                    .gpus
+                    .indices(&uuids)
+                    .iter()
+                    .map(u32::to_string)
+                    .collect();
+                env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
+                // NVML numbers devices in PCI bus order; CUDA, by default, fastest first.
+                env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            }
+        }
         // "void" is the container runtime's word for no GPU; empty would mean all.
         let nvidia = if uuids.is_empty() {
             "void".to_string()
         } else {
-            visible
+            uuids.join(",")
         };
         env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia));
         env.push((

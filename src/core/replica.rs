@@ -50,8 +50,8 @@ pub struct Replica {
     pub spawned_at: Option<Time>,
     pub pid: Option<u32>,
     pub port: Option<u16>,
-    /// Indices into the node's device table.
-    pub gpus: Vec<usize>,
+    /// UUIDs of the devices it holds.
+    pub gpus: Vec<String>,
     /// Bytes reserved on each of `gpus`.
     pub gpu_bytes: u64,
     /// Failed predecessors in this replica's line.
@@ -78,8 +78,9 @@ pub struct Replica {
     pub scrape_failing: bool,
     /// Leaving because a higher-priority model reclaimed its GPUs (that model's name).
     pub reclaimed_for: Option<String>,
-    /// GPU memory its processes hold, per device UUID, as NVML last said.
-    pub gpu_used: std::collections::BTreeMap<String, u64>,
+    /// GPU memory its processes hold, per device UUID, as NVML last said (None: the driver
+    /// would not say for one of its processes).
+    pub gpu_used: std::collections::BTreeMap<String, Option<u64>>,
     /// An overrun of the declared `gpu_memory` was logged (once per episode).
     pub overrun_warned: bool,
     /// Requests the scrapes saw waiting, oldest first: (the earliest they can have arrived,

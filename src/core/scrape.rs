@@ -29,7 +29,7 @@ impl Node {
                 port: r.port.unwrap_or(0),
                 replica: r.id.0.clone(),
                 model: r.model.clone(),
-                gpus: self.gpus.uuids(&r.gpus).join(","),
+                gpus: r.gpus.join(","),
             };
             r.scrape_in_flight = true;
             r.scrape_next = now + sig.interval;
@@ -37,6 +37,7 @@ impl Node {
                 replica: r.id.clone(),
                 url: crate::config::expand(&sig.scrape, &vars),
                 format: sig.format,
+                models: sig.models.clone(),
                 timeout: sig
                     .interval
                     .clamp(Duration::from_millis(500), Duration::from_secs(5)),

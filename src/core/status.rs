@@ -109,7 +109,7 @@ impl Node {
                     pid: r.pid,
                     port: r.port,
                     addr: r.addr(),
-                    gpus: self.gpus.uuids(&r.gpus),
+                    gpus: r.gpus.clone(),
                     since_ms: r.since.as_millis(),
                     restarts: r.restarts,
                     version: r.version.clone(),

@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::protocol::Health;
 use crate::protocol::{Report, Request, Role, WatchEvent};
 
-pub(super) const BASE: &str = r#"
+pub(crate) const BASE: &str = r#"
 [daemon]
 socket = "/tmp/hearth-test.sock"
 ports = "30000-30099"
@@ -25,7 +25,7 @@ uuid = "GPU-b"
 memory = "80GiB"
 "#;
 
-pub(super) fn model(name: &str, extra: &str, scaling: &str) -> String {
+pub(crate) fn model(name: &str, extra: &str, scaling: &str) -> String {
     format!(
         r#"
 [[model]]
@@ -51,7 +51,7 @@ failures = 3
 }
 
 /// A node under test, with a virtual clock and a fake process table.
-pub(super) struct Harness {
+pub(crate) struct Harness {
     pub node: Node,
     pub now: Time,
     next_pid: u32,
@@ -63,6 +63,12 @@ impl Harness {
     pub fn new(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let devices = GpuDevice::declared(&config.gpus);
+        Harness::with_devices(toml, devices)
+    }
+
+    /// A node whose inventory found `devices` (rather than the file's `[[gpus.device]]`).
+    pub fn with_devices(toml: &str, devices: Vec<GpuDevice>) -> Harness {
+        let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let now = Time::from_millis(1_000_000);
         let mut h = Harness {
             node: Node::new(config, devices, Default::default(), now),
@@ -73,6 +79,37 @@ impl Harness {
         };
         h.send(Event::Tick);
         h
+    }
+
+    /// Whether the device takes replicas now (for tests outside the core).
+    pub fn accepts(&self, uuid: &str) -> bool {
+        self.node.gpus.slot(uuid).is_some_and(|s| s.accepts())
+    }
+
+    /// (bytes reserved, NVML index) of a device.
+    pub fn reserved_on(&self, uuid: &str) -> Option<(u64, u32)> {
+        self.node
+            .gpus
+            .slot(uuid)
+            .map(|s| (s.reserved, s.device.index))
+    }
+
+    /// The devices of a replica.
+    pub fn gpus_of(&self, id: &ReplicaId) -> Vec<String> {
+        self.node
+            .replicas
+            .get(id)
+            .map(|r| r.gpus.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every replica's state and devices.
+    pub fn all_replicas(&self) -> Vec<(ReplicaState, Vec<String>)> {
+        self.node
+            .replicas
+            .values()
+            .map(|r| (r.state, r.gpus.clone()))
+            .collect()
     }
 
     pub fn send(&mut self, ev: Event) -> Vec<Action> {
@@ -223,14 +260,14 @@ impl Harness {
     }
 }
 
-pub(super) fn spawns(actions: &[Action]) -> usize {
+pub(crate) fn spawns(actions: &[Action]) -> usize {
     actions
         .iter()
         .filter(|a| matches!(a, Action::Spawn(_)))
         .count()
 }
 
-pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
+pub(crate) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -242,7 +279,7 @@ pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
         .collect()
 }
 
-pub(super) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
+pub(crate) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -665,7 +702,10 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
     assert_eq!(uuids, vec!["GPU-a", "GPU-b"]);
     for s in &specs {
         let env: std::collections::BTreeMap<_, _> = s.env.iter().cloned().collect();
-        assert_eq!(env["CUDA_VISIBLE_DEVICES"], s.gpus[0]);
+        // By default devices are named by index (in [[gpus.device]] order here), in PCI order.
+        let index = if s.gpus[0] == "GPU-a" { "0" } else { "1" };
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], index);
+        assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], s.gpus[0]);
     }
     let st = h.node.status(Some("g"), h.now);

@@ -208,9 +208,19 @@ pub struct GpuView {
     /// Why the device is unhealthy or cordoned (the XID, the operator's reason), if it is.
     #[serde(default)]
     pub note: Option<String>,
-    /// NUMA node (or PCIe root) key shared by devices close to each other; null if unknown.
+    /// The NUMA node the device hangs off (`numa<N>`, from the kernel); null if unknown.
     #[serde(default)]
     pub topology: Option<String>,
+    /// Memory the driver and firmware set aside (NVML's `reserved`): never capacity. Null until
+    /// NVML has reported.
+    #[serde(default)]
+    pub memory_driver_reserved: Option<u64>,
+    /// For a MIG instance, the UUID of the GPU it is a slice of; null for a whole GPU.
+    #[serde(default)]
+    pub mig_parent: Option<String>,
+    /// UUIDs of the devices NVML says this one reaches over NVLink.
+    #[serde(default)]
+    pub nvlink: Vec<String>,
 }
 
 // ---- WATCH -----------------------------------------------------------------------------------

@@ -36,9 +36,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-pub use cgroup::Cgroup;
+pub use cgroup::{mount as cgroup2_mount, Cgroup};
 pub use gate::{ChildSide, Gate};
 
+use super::gpu_owner::CgroupIndex;
 use super::inbox::EventSink;
 use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal, Usage};
 
@@ -148,6 +149,9 @@ pub struct Containment {
     live: Mutex<BTreeMap<ReplicaId, Entry>>,
     /// Spawns between fork and registration (see groups.rs).
     spawning: AtomicUsize,
+    /// Each live replica's cgroup, for the GPU monitor: a process on a GPU is the replica's when
+    /// it is in that cgroup, whatever process group or parent it has (TGI's shards).
+    gpu_owners: CgroupIndex,
     _lock: std::os::unix::net::UnixListener,
 }
 
@@ -207,6 +211,7 @@ impl Containment {
             instance,
             live: Mutex::new(BTreeMap::new()),
             spawning: AtomicUsize::new(0),
+            gpu_owners: CgroupIndex::default(),
             _lock: lock,
         };
         tracing::info!("containment: {}", c.describe());
@@ -214,6 +219,11 @@ impl Containment {
             tracing::info!("containment: not stronger because {}", why_not.join("; "));
         }
         Ok(c)
+    }
+
+    /// The replicas' cgroups, as the GPU monitor attributes processes by them.
+    pub fn gpu_owners(&self) -> CgroupIndex {
+        self.gpu_owners.clone()
     }
 
     pub fn mode(&self) -> Mode {
@@ -398,6 +408,10 @@ impl Containment {
     /// The child runs: from now on it is the replica's leader.
     pub fn register(&self, p: Placement, pid: u32) {
         let cgroup = p.cgroup.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(cg) = &cgroup {
+            self.gpu_owners
+                .insert(cg.dir.display().to_string(), p.replica.clone());
+        }
         self.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -470,6 +484,7 @@ impl Containment {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(replica);
+        self.gpu_owners.remove(replica);
         match result {
             Ok(0) => None,
             Ok(n) => Some(format!("killed {n} process(es) it left behind")),

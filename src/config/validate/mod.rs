@@ -42,6 +42,8 @@ pub(super) struct Marks {
     pub program: At,
     pub gpus: At,
     pub gpu_memory: At,
+    /// `device_naming`, or the model when it is left out.
+    pub device_naming: At,
     pub min: At,
     /// The warm-up, liveness and scrape URLs.
     pub urls: Vec<UrlMark>,
