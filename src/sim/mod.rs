@@ -12,6 +12,7 @@ pub mod baselines;
 pub mod cluster;
 pub mod engine;
 pub mod hearth;
+pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod rng;
@@ -53,12 +54,24 @@ pub enum Policy {
     Cortex,
     /// `min` replicas, never scaled: a control for checking the queueing model.
     Fixed,
+    /// Clairvoyant: knows every arrival; the yardstick (see `oracle`).
+    Oracle,
 }
 
 impl Policy {
-    pub const DEFAULT: [Policy; 7] = [
+    pub const DEFAULT: [Policy; 8] = [
         Policy::Hearth,
         Policy::HearthNoPool,
+        Policy::HpaUtil,
+        Policy::HpaQueue,
+        Policy::Kpa,
+        Policy::Ray,
+        Policy::Cortex,
+        Policy::Oracle,
+    ];
+
+    /// The published autoscalers hearth is compared with.
+    pub const BASELINES: [Policy; 5] = [
         Policy::HpaUtil,
         Policy::HpaQueue,
         Policy::Kpa,
@@ -76,6 +89,7 @@ impl Policy {
             Policy::Ray => "ray",
             Policy::Cortex => "cortex",
             Policy::Fixed => "fixed",
+            Policy::Oracle => "oracle",
         }
     }
 
@@ -128,8 +142,8 @@ pub struct SimArgs {
     /// Arrival-rate multiplier
     #[arg(long = "rate-mult", default_value = "1", value_parser = parse_positive)]
     pub rate_mult: f64,
-    /// Comma-separated: hearth,hearth-nopool,hpa-util,hpa-queue,kpa,ray,cortex (default: all);
-    /// also fixed
+    /// Comma-separated: hearth,hearth-nopool,hpa-util,hpa-queue,kpa,ray,cortex,oracle (default:
+    /// all); also fixed (min replicas, never scaled)
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<String>,
     /// Spawn → warm (ready) time of a replica
@@ -229,7 +243,7 @@ impl Setup {
         })
     }
 
-    fn driver(&self, p: Policy) -> Box<dyn Driver> {
+    fn driver(&self, p: Policy, w: &Workload) -> Box<dyn Driver> {
         let (min, max) = (self.params.min, self.params.max);
         let c = self.params.concurrency;
         let s = baselines::secs;
@@ -258,6 +272,7 @@ impl Setup {
                 min.max(1),
             )),
             Policy::Fixed => Box::new(BaselineDriver::new(Fixed, s(30), min)),
+            Policy::Oracle => Box::new(oracle::OracleDriver::new(w, &self.params)),
         }
     }
 
@@ -291,7 +306,7 @@ pub struct PolicyRun {
 
 /// Runs one policy.
 pub fn run_policy(setup: &Setup, w: &Workload, p: Policy) -> PolicyRun {
-    let mut d = setup.driver(p);
+    let mut d = setup.driver(p, w);
     let out = engine::run(d.as_mut(), w, setup.params);
     let lb = report::lower_bound(w, &setup.params);
     PolicyRun {
@@ -456,6 +471,9 @@ pub fn main(a: SimArgs) -> ExitCode {
             report.requests, report.lower_bound_replica_seconds
         );
         print!("{}", report::markdown(&report));
+        if let Some(line) = report::oracle_line(&report) {
+            println!("\n{line}.");
+        }
     } else {
         for n in &notes {
             println!("{n}");
@@ -466,6 +484,9 @@ pub fn main(a: SimArgs) -> ExitCode {
         );
         println!();
         print!("{}", report::table(&report));
+        if let Some(line) = report::oracle_line(&report) {
+            println!("\n{line}");
+        }
         println!(
             "\n(simulated {} policies in {:.2} s)",
             runs.len(),
