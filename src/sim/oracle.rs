@@ -8,16 +8,17 @@
 //! How the schedule is computed:
 //! 1. **Plan greedily in time, on a fork of the replica model.** At each step the planner holds
 //!    the exact state of the fleet — each replica's running requests and FIFO queue, requests
-//!    waiting at the router — and tries candidate routable counts for the next `STEP`. A
-//!    candidate is followed through the step and then, with `max` routable (the most any policy
-//!    could have), until nothing waits any more at least one target wait past the step (or for
-//!    `LOOKAHEAD` at most). The count chosen is the smallest whose misses (requests that wait
-//!    longer than `target_wait`, including those still waiting past it) are no more than with
-//!    `max` routable for the step, and which leaves no longer a queue when the queue does not
-//!    empty. So misses come first — no fewer are possible within `max` at that step — and cost
-//!    second. The fork is the planner's own copy of the replica model (`State`): it routes,
-//!    queues and serves exactly as `cluster` does but holds only the work in flight, so trying a
-//!    candidate does not copy the run.
+//!    waiting at the router — and tries candidate routable counts. A candidate is followed for
+//!    the step (for a lower count than the step before: for the `hold`, so that a decrease is
+//!    one that lasts) and then, with `max` routable (the most any policy could have), until
+//!    nothing waits any more at least one target wait later (or for `LOOKAHEAD` at most). The
+//!    count chosen is the smallest whose misses (requests that wait longer than `target_wait`,
+//!    including those still waiting past it) are no more than with `max` routable for the step,
+//!    and which leaves no longer a queue when the queue does not empty. So misses come first —
+//!    no fewer are possible within `max` at that step — and cost second. The fork is the
+//!    planner's own copy of the replica model (`State`): it routes, queues and serves exactly as
+//!    `cluster` does but holds only the work in flight, so trying a candidate does not copy the
+//!    run.
 //! 2. **Replicas, as the count moves.** When the count rises, replicas still draining are routed
 //!    again first (they cost nothing more), then new ones are added, each spawned one cold start
 //!    (and the promotion delay) before the step it must serve in. When it falls, the least busy
@@ -26,10 +27,12 @@
 //! 3. **Keep replicas through short gaps.** A replica that exited no longer than a cold start
 //!    plus the promotion delay before a new one must serve is kept instead (idle, unrouted) and
 //!    routed again in the new one's place: a restart would bill that long before serving.
-//! 4. **Replay.** The schedule is then replayed through the same engine as every policy
-//!    (`OracleDriver`): the figures reported are what the replay measured, not what the planner
-//!    predicted. (They agree closely; a kept replica routed in a newer one's place can shift the
-//!    router's choice among equally loaded replicas.)
+//! 4. **Replay, and keep the best plan.** Each schedule is replayed through the same engine as
+//!    every policy (`OracleDriver`); the figures reported are what the replay measured, not what
+//!    the planner predicted (the two agree exactly: `sim::tests` checks it). One plan is made
+//!    per `HOLDS` value — a short hold packs work onto fewer replicas, a long one avoids
+//!    unrouting replicas that will be wanted again — and the replay with the fewest misses, then
+//!    the fewest replica-seconds, is the oracle's.
 //!
 //! It is a greedy heuristic, not a proven optimum: misses step by step with a bounded look-ahead,
 //! then cost. Being clairvoyant, it should not be beaten on both axes (as few misses for fewer
@@ -37,7 +40,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::engine::{Driver, Ev, Params, Sim};
+use super::engine::{self, Driver, Ev, Params, Sim};
+use super::report;
 use super::workload::{Request, Workload};
 use super::{Us, SEC};
 
@@ -45,6 +49,9 @@ use super::{Us, SEC};
 pub const STEP: Us = SEC;
 /// How far past a step (and its target wait) a candidate is followed while a queue persists.
 const LOOKAHEAD: Us = 60 * SEC;
+/// How long a lower count must serve without extra misses before the planner takes it, one
+/// plan per value; the replay with the fewest misses, then replica-seconds, is kept.
+pub const HOLDS: [Us; 3] = [5 * SEC, 30 * SEC, 120 * SEC];
 
 /// One replica of the planner's model: its running requests (end times) and FIFO queue.
 #[derive(Debug, Clone)]
@@ -379,7 +386,7 @@ struct Outcome {
 }
 
 /// The planner's changes to the routable set, in time order, and its own count of misses.
-fn plan(w: &Workload, p: &Params) -> (Vec<(Us, Plan)>, u64) {
+fn plan(w: &Workload, p: &Params, hold: Us) -> (Vec<(Us, Plan)>, u64) {
     let m = Model {
         reqs: &w.requests,
         slots: p.concurrency.max(1) as usize,
@@ -416,7 +423,7 @@ fn plan(w: &Workload, p: &Params) -> (Vec<(Us, Plan)>, u64) {
             min
         } else {
             let after = cap_at(t + STEP, &st).max(cap);
-            choose(&m, &st, t, min, cap, after, prev)
+            choose(&m, &st, t, (min, cap, after), prev, hold)
         };
         st.set_routable(&m, n);
         st.advance(&m, t + STEP, Us::MAX, u64::MAX);
@@ -427,19 +434,21 @@ fn plan(w: &Workload, p: &Params) -> (Vec<(Us, Plan)>, u64) {
     (log, st.misses)
 }
 
-/// The smallest count in `[floor, cap]` for the step at `t` that does as well as `cap`.
-fn choose(m: &Model, st: &State, t: Us, floor: u32, cap: u32, after: u32, prev: u32) -> u32 {
-    let step_end = t + STEP;
-    let empty_after = step_end + m.target;
-    let horizon = empty_after + LOOKAHEAD;
+/// The smallest count in `[floor, cap]` for the step at `t` that does as well as `cap` (`after`
+/// is the most that can serve once the step is over); a count below `prev` must do so for
+/// `hold`.
+fn choose(m: &Model, st: &State, t: Us, bounds: (u32, u32, u32), prev: u32, hold: Us) -> u32 {
+    let (floor, cap, after) = bounds;
     let follow = |n: u32, miss_limit: u64| -> Option<Outcome> {
         let mut s = st.fork();
         s.set_routable(m, n);
-        if s.advance(m, step_end, Us::MAX, miss_limit) == Stop::TooMany {
+        let until = t + if n < prev { hold.max(STEP) } else { STEP };
+        if s.advance(m, until, Us::MAX, miss_limit) == Stop::TooMany {
             return None;
         }
         s.set_routable(m, after.max(n));
-        let stop = s.advance(m, horizon, empty_after, miss_limit);
+        let empty_after = until + m.target;
+        let stop = s.advance(m, empty_after + LOOKAHEAD, empty_after, miss_limit);
         if stop == Stop::TooMany {
             return None;
         }
@@ -481,6 +490,25 @@ fn choose(m: &Model, st: &State, t: Us, floor: u32, cap: u32, after: u32, prev: 
     hi
 }
 
+/// The oracle's run: a plan per `HOLDS`, each replayed through the engine; the replay with the
+/// fewest misses (requests arriving after the warm-up), then the fewest replica-seconds.
+pub fn run(w: &Workload, p: Params) -> engine::Outcome {
+    let score = |o: &engine::Outcome| {
+        let r = report::policy_report("oracle", o, w, &p, 0.0);
+        (r.over_target, r.replica_seconds)
+    };
+    HOLDS
+        .iter()
+        .map(|&hold| {
+            let mut d = OracleDriver::new(w, &p, hold);
+            let out = engine::run(&mut d, w, p);
+            (score(&out), out)
+        })
+        .min_by(|a, b| a.0 .0.total_cmp(&b.0 .0).then(a.0 .1.total_cmp(&b.0 .1)))
+        .expect("at least one plan")
+        .1
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Act {
     Spawn { id: u32 },
@@ -503,9 +531,9 @@ pub struct OracleDriver {
 }
 
 impl OracleDriver {
-    /// Plans the run and builds the replay.
-    pub fn new(w: &Workload, p: &Params) -> OracleDriver {
-        let (log, misses) = plan(w, p);
+    /// Plans the run with one `hold` and builds its replay.
+    pub fn new(w: &Workload, p: &Params, hold: Us) -> OracleDriver {
+        let (log, misses) = plan(w, p, hold);
         let mut d = OracleDriver::from_plan(&log, p);
         d.planned_misses = misses;
         d
