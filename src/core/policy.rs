@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::capacity::{replicas_needed, ReplicaCapacity, WAIT_TAIL};
+use super::capacity::{replicas_needed, ReplicaCapacity, MAX_SLOTS, WAIT_TAIL};
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
@@ -147,7 +147,10 @@ impl Autoscaler {
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
     pub fn observe_replica(&mut self, queue_depth: u64, in_flight: u64) {
-        let running = in_flight.saturating_sub(queue_depth) as u32;
+        // Believed only up to MAX_SLOTS: sizing must cost the same whatever a reporter claims.
+        let running = in_flight
+            .saturating_sub(queue_depth)
+            .min(u64::from(MAX_SLOTS)) as u32;
         self.max_running = self.max_running.max(running);
         if queue_depth > 0 {
             self.slots = Some(self.slots.map_or(running, |s| s.max(running)));
@@ -169,7 +172,8 @@ impl Autoscaler {
     /// Mean service time, once enough completions were seen to trust it.
     fn service_time(&self) -> Option<f64> {
         let (_, done, busy) = self.service?;
-        (done >= MU_EVIDENCE && busy > 0.0).then(|| busy / done)
+        // Bounded: counters that jump by absurd amounts cannot make capacity infinite or zero.
+        (done >= MU_EVIDENCE && busy > 0.0).then(|| (busy / done).clamp(1e-3, 3600.0))
     }
 
     pub fn evaluate(&mut self, inp: &Inputs) -> Option<Decision> {

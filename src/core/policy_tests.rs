@@ -485,3 +485,42 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
         "warm replicas there are kept, not stopped"
     );
 }
+
+/// Issue 11: one report claiming 4294967296 requests in flight was taken as a replica's slot
+/// count (4294967295), and every evaluation after it looped that many times in Erlang C: the
+/// daemon froze for 23 s per report. What a report says a replica runs at once is believed only
+/// up to `MAX_SLOTS`, so sizing costs the same whatever a reporter sends.
+#[test]
+fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
+    let mut h = scaled(DEFAULT);
+    let id = h.in_state("m", ReplicaState::Routed)[0].clone();
+    let send = |h: &mut Harness, i: u64, in_flight: u64| {
+        h.now = h.now + Duration::from_millis(150);
+        let r = Report {
+            model: "m".into(),
+            replica: Some(id.0.clone()),
+            oldest_wait_ms: Some(10.0),
+            queue_depth: Some(1),
+            in_flight: Some(in_flight),
+            arrived: Some(30 * i),
+            completed: Some(30 * i),
+        };
+        let resp = h.request(Peer::trusted(), Request::Report(r));
+        assert_eq!(resp["ok"], true, "{resp}");
+    };
+    for i in 0..14 {
+        send(&mut h, i, 4);
+    }
+    let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
+    assert_eq!(cap.slots, Some(3));
+    send(&mut h, 14, 4_294_967_296);
+    let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
+    assert!(
+        cap.slots
+            .is_some_and(|s| s <= crate::core::capacity::MAX_SLOTS),
+        "{cap:?}"
+    );
+    // And the next reports are handled as before.
+    send(&mut h, 15, 4);
+    assert!(desired(&h) <= 10);
+}

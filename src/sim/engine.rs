@@ -25,6 +25,8 @@ pub enum Ev {
     Tick,
     /// Every virtual second: reports, metric samples, the time series.
     Second,
+    /// A driver's own timer (the oracle's schedule), by the driver's index.
+    Timer { id: u32 },
 }
 
 /// Fixed parameters of a run.
@@ -118,7 +120,7 @@ pub trait Driver {
     fn on_tick(&mut self, sim: &mut Sim);
     /// Every virtual second (after the series point is taken).
     fn on_second(&mut self, sim: &mut Sim);
-    /// `Ready`, `Probe` and `GraceEnd` events.
+    /// `Ready`, `Probe`, `GraceEnd` and `Timer` events.
     fn on_event(&mut self, sim: &mut Sim, ev: Ev);
     /// A draining replica has no work left.
     fn on_idle(&mut self, sim: &mut Sim, r: u32);

@@ -11,7 +11,10 @@
 pub mod baselines;
 pub mod cluster;
 pub mod engine;
+pub mod grid;
+pub mod grid_report;
 pub mod hearth;
+pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod rng;
@@ -53,12 +56,24 @@ pub enum Policy {
     Cortex,
     /// `min` replicas, never scaled: a control for checking the queueing model.
     Fixed,
+    /// Clairvoyant: knows every arrival; the yardstick (see `oracle`).
+    Oracle,
 }
 
 impl Policy {
-    pub const DEFAULT: [Policy; 7] = [
+    pub const DEFAULT: [Policy; 8] = [
         Policy::Hearth,
         Policy::HearthNoPool,
+        Policy::HpaUtil,
+        Policy::HpaQueue,
+        Policy::Kpa,
+        Policy::Ray,
+        Policy::Cortex,
+        Policy::Oracle,
+    ];
+
+    /// The published autoscalers hearth is compared with.
+    pub const BASELINES: [Policy; 5] = [
         Policy::HpaUtil,
         Policy::HpaQueue,
         Policy::Kpa,
@@ -76,6 +91,7 @@ impl Policy {
             Policy::Ray => "ray",
             Policy::Cortex => "cortex",
             Policy::Fixed => "fixed",
+            Policy::Oracle => "oracle",
         }
     }
 
@@ -107,17 +123,19 @@ fn parse_positive(s: &str) -> Result<f64, String> {
 azure-conv, azure-code (the Azure LLM inference traces 2023, CC-BY 4.0: give the CSV with \
 --trace, or set HEARTH_TRACE_DIR to its folder).\n--speed X divides arrival times by X; \
 --rate-mult X multiplies the arrival rate (synthetic: the Poisson rate; traces: each arrival \
-kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s)."
+kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s).\n\
+--grid runs the standard grid instead (every scenario and trace, cold start, slot count and \
+target; see BENCHMARKS.md) and needs neither --config nor --model."
 )]
 pub struct SimArgs {
     /// Configuration file: the model's [model.scaling] is what hearth runs with
-    #[arg(long)]
-    pub config: PathBuf,
+    #[arg(long, required_unless_present = "grid")]
+    pub config: Option<PathBuf>,
     /// The model (from the configuration) to simulate
-    #[arg(long)]
-    pub model: String,
+    #[arg(long, required_unless_present = "grid")]
+    pub model: Option<String>,
     /// A built-in scenario
-    #[arg(long, required_unless_present = "trace")]
+    #[arg(long, required_unless_present_any = ["trace", "grid"])]
     pub scenario: Option<String>,
     /// A CSV trace: Azure format (TIMESTAMP,ContextTokens,GeneratedTokens) or t_seconds[,service_s]
     #[arg(long)]
@@ -128,8 +146,8 @@ pub struct SimArgs {
     /// Arrival-rate multiplier
     #[arg(long = "rate-mult", default_value = "1", value_parser = parse_positive)]
     pub rate_mult: f64,
-    /// Comma-separated: hearth,hearth-nopool,hpa-util,hpa-queue,kpa,ray,cortex (default: all);
-    /// also fixed
+    /// Comma-separated: hearth,hearth-nopool,hpa-util,hpa-queue,kpa,ray,cortex,oracle (default:
+    /// all); also fixed (min replicas, never scaled)
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<String>,
     /// Spawn → warm (ready) time of a replica
@@ -168,6 +186,20 @@ pub struct SimArgs {
     /// Print hearth's scale decisions (time, from → to, reason) to stderr as they happen
     #[arg(long)]
     pub decisions: bool,
+    /// Run the standard grid: workloads × cold start × slots × target, every policy and the
+    /// oracle, one row per cell and a summary (with --json or --markdown as asked)
+    #[arg(long, conflicts_with_all = ["config", "model", "scenario", "trace", "policy", "plot", "decisions", "duration"])]
+    pub grid: bool,
+    /// With --grid: only this many cells, chosen to span every workload and every knob setting
+    #[arg(long, requires = "grid")]
+    pub grid_sample: Option<usize>,
+    /// With --grid: the folder holding the Azure traces (default $HEARTH_TRACE_DIR; without
+    /// either, the grid has only the synthetic workloads)
+    #[arg(long, requires = "grid")]
+    pub trace_dir: Option<PathBuf>,
+    /// With --grid: threads to run cells on (default: one per core)
+    #[arg(long, requires = "grid", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub jobs: Option<u32>,
 }
 
 /// Everything a simulation needs besides the workload.
@@ -258,6 +290,7 @@ impl Setup {
                 min.max(1),
             )),
             Policy::Fixed => Box::new(BaselineDriver::new(Fixed, s(30), min)),
+            Policy::Oracle => unreachable!("the oracle runs through oracle::run"),
         }
     }
 
@@ -291,8 +324,12 @@ pub struct PolicyRun {
 
 /// Runs one policy.
 pub fn run_policy(setup: &Setup, w: &Workload, p: Policy) -> PolicyRun {
-    let mut d = setup.driver(p);
-    let out = engine::run(d.as_mut(), w, setup.params);
+    let out = if p == Policy::Oracle {
+        oracle::run(w, setup.params)
+    } else {
+        let mut d = setup.driver(p);
+        engine::run(d.as_mut(), w, setup.params)
+    };
     let lb = report::lower_bound(w, &setup.params);
     PolicyRun {
         report: report::policy_report(p.name(), &out, w, &setup.params, lb),
@@ -383,12 +420,24 @@ pub fn main(a: SimArgs) -> ExitCode {
         eprintln!("hearth simulate: {msg}");
         ExitCode::from(2)
     };
+    if a.grid {
+        return grid::main(
+            a.trace_dir,
+            a.grid_sample,
+            a.jobs.map(|j| j as usize),
+            a.json,
+            a.markdown,
+        );
+    }
+    let (Some(config_path), Some(model)) = (a.config.clone(), a.model.clone()) else {
+        return usage("give --config FILE and --model NAME (or --grid)".into());
+    };
     let policies = match parse_policies(&a.policy) {
         Ok(p) => p,
         Err(e) => return usage(e),
     };
     // The simulator runs no command and binds no port: it reads the file's values only.
-    let config = match Config::load_with(&a.config, crate::config::Checks::Values) {
+    let config = match Config::load_with(&config_path, crate::config::Checks::Values) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hearth simulate: {e}");
@@ -401,7 +450,7 @@ pub fn main(a: SimArgs) -> ExitCode {
     };
     let mut setup = match Setup::new(
         config,
-        &a.model,
+        &model,
         a.concurrency,
         a.cold_start,
         a.promotion_delay,
@@ -457,6 +506,9 @@ pub fn main(a: SimArgs) -> ExitCode {
             report.requests, report.lower_bound_replica_seconds
         );
         print!("{}", report::markdown(&report));
+        if let Some(line) = report::oracle_line(&report) {
+            println!("\n{line}.");
+        }
     } else {
         for n in &notes {
             println!("{n}");
@@ -467,6 +519,9 @@ pub fn main(a: SimArgs) -> ExitCode {
         );
         println!();
         print!("{}", report::table(&report));
+        if let Some(line) = report::oracle_line(&report) {
+            println!("\n{line}");
+        }
         println!(
             "\n(simulated {} policies in {:.2} s)",
             runs.len(),

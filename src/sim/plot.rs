@@ -29,6 +29,7 @@ fn color(policy: &str) -> &'static str {
         "kpa" => "#2ca02c",
         "ray" => "#ff7f0e",
         "cortex" => "#9467bd",
+        "oracle" => "#000000",
         _ => "#7f7f7f",
     }
 }

@@ -75,7 +75,8 @@ fn the_same_seed_gives_byte_identical_json_and_another_seed_does_not() {
             "hpa-queue",
             "kpa",
             "ray",
-            "cortex"
+            "cortex",
+            "oracle"
         ]
     );
     assert_eq!(v["policies"][0].as_object().unwrap().len(), 11);
@@ -247,11 +248,67 @@ fn an_hour_of_the_conv_trace_with_all_policies_is_quick() {
     let (report, _) = simulate(&s, &w, &Policy::DEFAULT);
     let took = started.elapsed();
     eprintln!(
-        "azure-conv, {} requests, 7 policies: {:.2} s",
+        "azure-conv, {} requests, 8 policies: {:.2} s",
         w.requests.len(),
         took.as_secs_f64()
     );
-    assert_eq!(report.policies.len(), 7);
+    assert_eq!(report.policies.len(), 8);
     let limit = if cfg!(debug_assertions) { 120.0 } else { 10.0 };
     assert!(took.as_secs_f64() < limit, "{took:?}");
+}
+
+/// The oracle's figures are its replay through the engine; the replay serves exactly as the
+/// planner's model predicted (same router, slots and queues), kills nothing, and no online
+/// policy does as well for less.
+#[test]
+fn the_oracle_replays_its_plan_exactly_and_no_online_policy_beats_it() {
+    for (name, seed, slots, target) in [
+        ("burst", 4, 8, 2.0),
+        ("step", 2, 1, 0.5),
+        ("flash-crowd", 5, 32, 2.0),
+        ("sawtooth", 1, 8, 0.5),
+    ] {
+        let rate = slots as f64 / 8.0;
+        let mut w = workload::synthetic_workload(name, seed, &SM, 1.0, rate).unwrap();
+        w.truncate(2400 * SEC);
+        let cfg = config(1, 16, 0);
+        let mut s = setup(cfg, &w, Duration::from_secs(300));
+        s.params.concurrency = slots;
+        s.params.target_wait = (target * SEC as f64) as Us;
+        for hold in super::oracle::HOLDS {
+            let mut d = super::oracle::OracleDriver::new(&w, &s.params, hold);
+            let out = engine::run(&mut d, &w, s.params);
+            let replayed = out
+                .cl
+                .reqs
+                .iter()
+                .filter(|q| q.start.is_none_or(|t| t - q.arrival > s.params.target_wait))
+                .count() as u64;
+            assert_eq!(replayed, d.planned_misses(), "{name}: replay = plan");
+        }
+        let (report, _) = simulate(&s, &w, &Policy::DEFAULT);
+        let oracle = report
+            .policies
+            .iter()
+            .find(|p| p.policy == "oracle")
+            .unwrap();
+        assert_eq!(oracle.killed, 0, "{name}");
+        for p in report.policies.iter().filter(|p| p.policy != "oracle") {
+            assert!(
+                !(p.over_target <= oracle.over_target
+                    && p.replica_seconds < oracle.replica_seconds),
+                "{name}: {} ({:.2} %, {:.0}) beats the oracle ({:.2} %, {:.0})",
+                p.policy,
+                p.over_target * 100.0,
+                p.replica_seconds,
+                oracle.over_target * 100.0,
+                oracle.replica_seconds
+            );
+        }
+        eprintln!(
+            "{name}: oracle {:.2} % at {:.0} replica-s",
+            oracle.over_target * 100.0,
+            oracle.replica_seconds,
+        );
+    }
 }

@@ -274,27 +274,8 @@ pub fn trace_workload(
     for r in &mut requests {
         r.t = ((r.t - t0) as f64 / speed).round() as Us;
     }
-    let mut rng = Rng::new(seed ^ 0x5eed_7a11_0fca_7e00);
     if rate_mult != 1.0 {
-        let whole = rate_mult.floor() as u64;
-        let frac = rate_mult - rate_mult.floor();
-        let mut out = Vec::with_capacity((requests.len() as f64 * rate_mult) as usize + 1);
-        for r in &requests {
-            let copies = whole + u64::from(rng.uniform() < frac);
-            for k in 0..copies {
-                let shift = if k == 0 {
-                    0
-                } else {
-                    (rng.uniform() * SEC as f64) as Us
-                };
-                out.push(Request {
-                    t: r.t + shift,
-                    service: r.service,
-                });
-            }
-        }
-        out.sort_by_key(|r| r.t);
-        requests = out;
+        requests = multiply_rate(&requests, rate_mult, seed);
     }
     let last = requests.last().map_or(0, |r| r.t);
     let horizon = (last / SEC + 1) * SEC;
@@ -317,6 +298,135 @@ pub fn trace_workload(
         description,
         attribution: azure.then(|| AZURE_ATTRIBUTION.to_string()),
     })
+}
+
+/// `--rate-mult` on recorded arrivals: below 1 each arrival is kept with that probability;
+/// above 1 it is replayed ⌊x⌋ times plus once more with probability x − ⌊x⌋, the copies
+/// shifted by a uniform 0–1 s so they do not land on the same instant (copies keep their
+/// original's service time). `requests` must be sorted; so is the result.
+pub fn multiply_rate(requests: &[Request], rate_mult: f64, seed: u64) -> Vec<Request> {
+    let mut rng = Rng::new(seed ^ 0x5eed_7a11_0fca_7e00);
+    let whole = rate_mult.floor() as u64;
+    let frac = rate_mult - rate_mult.floor();
+    let mut out = Vec::with_capacity((requests.len() as f64 * rate_mult) as usize + 1);
+    for r in requests {
+        let copies = whole + u64::from(rng.uniform() < frac);
+        for k in 0..copies {
+            let shift = if k == 0 {
+                0
+            } else {
+                (rng.uniform() * SEC as f64) as Us
+            };
+            out.push(Request {
+                t: r.t + shift,
+                service: r.service,
+            });
+        }
+    }
+    out.sort_by_key(|r| r.t);
+    out
+}
+
+/// Windows of other workloads played back to back: each `(source, from, to)` contributes the
+/// arrivals of `source` in `[from, to)`, shifted to start where the previous window ended.
+pub fn splice(name: &str, about: &str, phases: &[(&Workload, Us, Us)]) -> Workload {
+    let mut requests = Vec::new();
+    let mut offset = 0;
+    let mut attribution = None;
+    for &(w, from, to) in phases {
+        requests.extend(
+            w.requests
+                .iter()
+                .filter(|r| r.t >= from && r.t < to)
+                .map(|r| Request {
+                    t: r.t - from + offset,
+                    service: r.service,
+                }),
+        );
+        offset += to - from;
+        attribution = attribution.or(w.attribution.clone());
+    }
+    Workload {
+        name: name.to_string(),
+        requests,
+        horizon: offset,
+        description: about.to_string(),
+        attribution,
+    }
+}
+
+/// The same arrivals in reverse order of time (a request at `t` arrives at `horizon − t`).
+pub fn reversed(w: &Workload) -> Workload {
+    let mut requests: Vec<Request> = w
+        .requests
+        .iter()
+        .map(|r| Request {
+            t: w.horizon.saturating_sub(r.t),
+            service: r.service,
+        })
+        .collect();
+    requests.sort_by_key(|r| r.t);
+    Workload {
+        name: format!("{}-reversed", w.name),
+        requests,
+        horizon: w.horizon,
+        description: format!("{}; reversed in time", w.description),
+        attribution: w.attribution.clone(),
+    }
+}
+
+/// `w` with a flash crowd cut in at `start`: extra Poisson arrivals (seeded) that ramp within
+/// 10 s to `extra` times `w`'s mean rate, stay 8 min and fade with a 5-min time constant, each
+/// with the service time of one of `w`'s requests drawn at random.
+pub fn with_flash_crowd(w: &Workload, start: Us, extra: f64, seed: u64) -> Workload {
+    let mut rng = Rng::new(seed ^ 0xf1a5_4c40_d000_0000);
+    let base = w.requests.len() as f64 / (w.horizon.max(1) as f64 / SEC as f64);
+    let peak = extra * base;
+    let t0 = start as f64 / SEC as f64;
+    let rate = |t: f64| {
+        if t < t0 {
+            0.0
+        } else if t < t0 + 10.0 {
+            peak * (t - t0) / 10.0
+        } else if t < t0 + 490.0 {
+            peak
+        } else {
+            peak * (-(t - t0 - 490.0) / 300.0).exp()
+        }
+    };
+    let end = w.horizon as f64 / SEC as f64;
+    let mut requests = w.requests.clone();
+    let mut t = t0;
+    if peak > 0.0 && !w.requests.is_empty() {
+        loop {
+            t += rng.exp(1.0 / peak);
+            if t >= end {
+                break;
+            }
+            let accept = rng.uniform() * peak < rate(t);
+            let pick =
+                ((rng.uniform() * w.requests.len() as f64) as usize).min(w.requests.len() - 1);
+            if accept {
+                requests.push(Request {
+                    t: (t * SEC as f64) as Us,
+                    service: w.requests[pick].service,
+                });
+            }
+        }
+    }
+    requests.sort_by_key(|r| r.t);
+    Workload {
+        name: format!("{}+crowd", w.name),
+        requests,
+        horizon: w.horizon,
+        description: format!(
+            "{}; a flash crowd cut in at {}: +{extra}× its mean rate within 10 s, for 8 min, \
+             fading over 5 min (seed {seed})",
+            w.description,
+            fmt_secs(start)
+        ),
+        attribution: w.attribution.clone(),
+    }
 }
 
 type ParseError = (usize, String);

@@ -51,10 +51,17 @@ pub struct Kpa {
 
 impl Kpa {
     pub fn new(min: u32, max: u32, concurrency: u32) -> Kpa {
+        Kpa::with_target_utilization(min, max, concurrency, TARGET_UTILIZATION)
+    }
+
+    /// KPA with `container-concurrency-target-percentage` set to `utilization` × 100 instead of
+    /// its default 70: what an operator tuning KPA for a workload would change (the grid's
+    /// "KPA tuned in hindsight").
+    pub fn with_target_utilization(min: u32, max: u32, concurrency: u32, utilization: f64) -> Kpa {
         Kpa {
             min,
             max,
-            target: TARGET_UTILIZATION * concurrency as f64,
+            target: utilization * concurrency as f64,
             buckets: VecDeque::new(),
             last_area: BTreeMap::new(),
             last_router_area: 0,

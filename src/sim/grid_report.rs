@@ -1,0 +1,599 @@
+//! The grid's verdicts and summary, and how they are printed (table, Markdown, JSON).
+//!
+//! Per cell, a baseline *beats* hearth when (the rules of issue 7) it spends at most 1.1×
+//! hearth's replica-seconds and misses fewer, or misses no more and spends less; and hearth is
+//! beaten too when its misses exceed the ceiling max(1.5 × KPA's, KPA's + 1 point), so that a
+//! policy that never scales cannot pass. The oracle is *beaten* when any policy misses no more
+//! for fewer replica-seconds (it should never be).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::grid::{CellResult, Figures, MAX, MIN, POLICIES};
+
+/// Misses are shares (0.01 = 1 point).
+const POINT: f64 = 0.01;
+
+fn beats(b: &Figures, h: &Figures) -> bool {
+    (b.replica_seconds <= 1.1 * h.replica_seconds && b.over_target < h.over_target)
+        || (b.over_target <= h.over_target && b.replica_seconds < h.replica_seconds)
+}
+
+/// The baselines of a cell (not hearth, not the oracle).
+fn baselines(c: &CellResult) -> impl Iterator<Item = &Figures> {
+    c.policies
+        .iter()
+        .filter(|f| f.policy != "hearth" && f.policy != "oracle")
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    /// Baselines that beat hearth by the two rules.
+    pub beaten_by: Vec<String>,
+    /// hearth missed more than max(1.5 × KPA's, KPA's + 1 point).
+    pub over_ceiling: bool,
+    /// Policies that miss no more than the oracle for fewer replica-seconds.
+    pub oracle_beaten_by: Vec<String>,
+}
+
+impl Verdict {
+    pub fn beaten(&self) -> bool {
+        !self.beaten_by.is_empty() || self.over_ceiling
+    }
+}
+
+pub fn verdict(c: &CellResult) -> Verdict {
+    let h = c.get("hearth");
+    let kpa = c.get("kpa");
+    let o = c.get("oracle");
+    let ceiling = (1.5 * kpa.over_target).max(kpa.over_target + POINT);
+    Verdict {
+        beaten_by: baselines(c)
+            .filter(|b| beats(b, h))
+            .map(|b| b.policy.clone())
+            .collect(),
+        over_ceiling: h.over_target > ceiling + 1e-12,
+        oracle_beaten_by: c
+            .policies
+            .iter()
+            .filter(|p| p.policy != "oracle")
+            .filter(|p| p.over_target <= o.over_target && p.replica_seconds < o.replica_seconds)
+            .map(|p| p.policy.clone())
+            .collect(),
+    }
+}
+
+/// `subject`'s replica-seconds over the cheapest comparator at equal service (missing no more
+/// than `subject` + 0.1 point); comparators are the baselines and KPA tuned in hindsight, less
+/// the subject itself. None when no comparator serves as well.
+pub fn over_equal_service(c: &CellResult, subject: &str) -> Option<f64> {
+    let s = c.get(subject);
+    baselines(c)
+        .chain(c.kpa_tuned.iter())
+        .filter(|b| b.policy != subject)
+        .filter(|b| b.over_target <= s.over_target + 0.1 * POINT + 1e-12)
+        .map(|b| b.replica_seconds)
+        .min_by(f64::total_cmp)
+        .map(|cheapest| s.replica_seconds / cheapest.max(1e-9))
+}
+
+/// hearth's replica-seconds over the cheapest baseline that misses no more.
+pub fn over_cheapest_no_worse(c: &CellResult) -> Option<f64> {
+    let h = c.get("hearth");
+    baselines(c)
+        .filter(|b| b.over_target <= h.over_target)
+        .map(|b| b.replica_seconds)
+        .min_by(f64::total_cmp)
+        .map(|cheapest| h.replica_seconds / cheapest.max(1e-9))
+}
+
+pub fn over_oracle(c: &CellResult, subject: &str) -> f64 {
+    c.get(subject).replica_seconds / c.get("oracle").replica_seconds.max(1e-9)
+}
+
+/// The flash-crowd cells: a crowd no online policy can foresee.
+pub fn is_flash(c: &CellResult) -> bool {
+    c.family == "flash-crowd" || c.workload.contains("crowd")
+}
+
+pub fn label(c: &CellResult) -> String {
+    format!(
+        "{}, cold {} s, {} slots, target {} s",
+        c.workload,
+        c.cold_start_s,
+        c.slots,
+        c.target_ms as f64 / 1000.0
+    )
+}
+
+/// Median, geometric mean and worst (largest) of ratios, with the worst cell.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Stats {
+    pub n: usize,
+    pub median: f64,
+    pub geomean: f64,
+    pub worst: f64,
+    pub worst_cell: String,
+}
+
+/// Median, mean and worst (largest) of differences, with the worst cell.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Differences {
+    pub n: usize,
+    pub median: f64,
+    pub mean: f64,
+    pub worst: f64,
+    pub worst_cell: String,
+}
+
+fn differences(v: &[(f64, String)]) -> Differences {
+    let s = stats(v);
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    Differences {
+        n: s.n,
+        median: s.median,
+        mean: r(v.iter().map(|x| x.0).sum::<f64>() / v.len().max(1) as f64),
+        worst: s.worst,
+        worst_cell: s.worst_cell,
+    }
+}
+
+fn stats(v: &[(f64, String)]) -> Stats {
+    if v.is_empty() {
+        return Stats::default();
+    }
+    let mut xs: Vec<f64> = v.iter().map(|x| x.0).collect();
+    xs.sort_by(f64::total_cmp);
+    let (worst, cell) = v
+        .iter()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("not empty");
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    Stats {
+        n: v.len(),
+        median: r(xs[xs.len() / 2]),
+        geomean: r((xs.iter().map(|x| x.max(1e-9).ln()).sum::<f64>() / xs.len() as f64).exp()),
+        worst: r(*worst),
+        worst_cell: cell.clone(),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub cells: usize,
+    /// Cells where hearth is beaten (by a rule or over the ceiling).
+    pub beaten: usize,
+    pub beaten_cells: Vec<String>,
+    pub over_ceiling: usize,
+    pub hearth_killed_cells: usize,
+    pub oracle_beaten: usize,
+    pub oracle_beaten_cells: Vec<String>,
+    pub hearth_over_oracle: Stats,
+    /// hearth over the cheapest baseline that misses no more (cells where one exists).
+    pub hearth_over_cheapest_no_worse: Stats,
+    pub cells_without_baseline_no_worse: usize,
+    /// Baselines within ±10 % of hearth's replica-seconds: how many (cell, baseline) pairs,
+    /// and hearth's misses minus theirs, in points.
+    pub same_cost_pairs: usize,
+    pub same_cost_hearth_misses_more: usize,
+    pub same_cost_miss_difference_points: Differences,
+    /// Goal: hearth over the cheapest comparator at equal service.
+    pub goal_equal_service: Stats,
+    pub goal_equal_service_over_1_10: usize,
+    pub goal_equal_service_undefined: usize,
+    /// Goal: hearth over the oracle where hearth misses no more than KPA.
+    pub goal_oracle_at_kpa_service: Stats,
+    pub goal_oracle_flash: Stats,
+    pub cells_hearth_misses_more_than_kpa: usize,
+    /// For scale: the same ratios for the oracle and default KPA.
+    pub oracle_equal_service: Stats,
+    pub kpa_equal_service: Stats,
+    pub kpa_over_oracle: Stats,
+}
+
+pub fn summarize(results: &[CellResult]) -> Summary {
+    let mut beaten_cells = Vec::new();
+    let (mut over_ceiling, mut killed, mut oracle_beaten_cells) = (0, 0, Vec::new());
+    let (mut h_o, mut h_cheap, mut none_cheap) = (Vec::new(), Vec::new(), 0);
+    let (mut same, mut same_more, mut same_diff) = (0, 0, Vec::new());
+    let (mut goal1, mut goal1_undef, mut goal2, mut goal2_flash, mut worse_than_kpa) =
+        (Vec::new(), 0, Vec::new(), Vec::new(), 0);
+    let (mut o_eq, mut k_eq, mut k_o) = (Vec::new(), Vec::new(), Vec::new());
+    for c in results {
+        let l = label(c);
+        let v = verdict(c);
+        if v.beaten() {
+            let mut why = v.beaten_by.join(", ");
+            if v.over_ceiling {
+                over_ceiling += 1;
+                if !why.is_empty() {
+                    why.push_str("; ");
+                }
+                why.push_str("over KPA's ceiling");
+            }
+            beaten_cells.push(format!("{l}: {why}"));
+        }
+        if !v.oracle_beaten_by.is_empty() {
+            oracle_beaten_cells.push(format!("{l}: {}", v.oracle_beaten_by.join(", ")));
+        }
+        let h = c.get("hearth");
+        if h.killed > 0 {
+            killed += 1;
+        }
+        h_o.push((over_oracle(c, "hearth"), l.clone()));
+        match over_cheapest_no_worse(c) {
+            Some(r) => h_cheap.push((r, l.clone())),
+            None => none_cheap += 1,
+        }
+        for b in baselines(c) {
+            let ratio = b.replica_seconds / h.replica_seconds.max(1e-9);
+            if (0.9..=1.1).contains(&ratio) {
+                same += 1;
+                let d = (h.over_target - b.over_target) / POINT;
+                if d > 0.0 {
+                    same_more += 1;
+                }
+                same_diff.push((d, format!("{l} vs {}", b.policy)));
+            }
+        }
+        match over_equal_service(c, "hearth") {
+            Some(r) => goal1.push((r, l.clone())),
+            None => goal1_undef += 1,
+        }
+        if h.over_target <= c.get("kpa").over_target {
+            let r = over_oracle(c, "hearth");
+            if is_flash(c) {
+                goal2_flash.push((r, l.clone()));
+            } else {
+                goal2.push((r, l.clone()));
+            }
+        } else {
+            worse_than_kpa += 1;
+        }
+        if let Some(r) = over_equal_service(c, "oracle") {
+            o_eq.push((r, l.clone()));
+        }
+        if let Some(r) = over_equal_service(c, "kpa") {
+            k_eq.push((r, l.clone()));
+        }
+        k_o.push((over_oracle(c, "kpa"), l.clone()));
+    }
+    Summary {
+        cells: results.len(),
+        beaten: beaten_cells.len(),
+        beaten_cells,
+        over_ceiling,
+        hearth_killed_cells: killed,
+        oracle_beaten: oracle_beaten_cells.len(),
+        oracle_beaten_cells,
+        hearth_over_oracle: stats(&h_o),
+        hearth_over_cheapest_no_worse: stats(&h_cheap),
+        cells_without_baseline_no_worse: none_cheap,
+        same_cost_pairs: same,
+        same_cost_hearth_misses_more: same_more,
+        same_cost_miss_difference_points: differences(&same_diff),
+        goal_equal_service_over_1_10: goal1.iter().filter(|x| x.0 > 1.10).count(),
+        goal_equal_service: stats(&goal1),
+        goal_equal_service_undefined: goal1_undef,
+        goal_oracle_at_kpa_service: stats(&goal2),
+        goal_oracle_flash: stats(&goal2_flash),
+        cells_hearth_misses_more_than_kpa: worse_than_kpa,
+        oracle_equal_service: stats(&o_eq),
+        kpa_equal_service: stats(&k_eq),
+        kpa_over_oracle: stats(&k_o),
+    }
+}
+
+/// `--grid --json`.
+#[derive(Serialize)]
+pub struct Document<'a> {
+    pub cells: &'a [CellResult],
+    pub summary: &'a Summary,
+    /// Wall-clock seconds the grid took, and on how many threads.
+    pub seconds: f64,
+    pub jobs: usize,
+}
+
+fn fig(f: &Figures) -> String {
+    format!("{:6.2}% {:>7.0}", f.over_target * 100.0, f.replica_seconds)
+}
+
+/// One line per cell: each policy's share over target and replica-seconds, hearth over the
+/// oracle, the verdict.
+pub fn table(results: &[CellResult]) -> String {
+    let mut out = format!(
+        "{:<26} {:>5} {:>5} {:>6}",
+        "WORKLOAD", "COLD", "SLOTS", "TARGET"
+    );
+    for p in POLICIES {
+        let _ = write!(out, " {:>15}", p.name().to_uppercase());
+    }
+    out.push_str("  HEARTH/ORACLE  VERDICT\n");
+    for c in results {
+        let _ = write!(
+            out,
+            "{:<26} {:>4}s {:>5} {:>5}s",
+            c.workload,
+            c.cold_start_s,
+            c.slots,
+            c.target_ms as f64 / 1000.0
+        );
+        for f in &c.policies {
+            let _ = write!(out, " {}", fig(f));
+        }
+        let v = verdict(c);
+        let verdict = if v.beaten() {
+            let mut s = format!("beaten by {}", v.beaten_by.join(","));
+            if v.over_ceiling {
+                s.push_str(" (over KPA's ceiling)");
+            }
+            s
+        } else {
+            "not beaten".into()
+        };
+        let _ = writeln!(out, "  {:>13.2}  {verdict}", over_oracle(c, "hearth"));
+    }
+    out
+}
+
+fn stats_line(s: &Stats) -> String {
+    if s.n == 0 {
+        return "no cells".into();
+    }
+    format!(
+        "median {:.2}, geometric mean {:.2}, worst {:.2} ({}) over {} cells",
+        s.median, s.geomean, s.worst, s.worst_cell, s.n
+    )
+}
+
+pub fn summary_text(s: &Summary, elapsed: Duration, jobs: usize, traces: bool) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} cells{} in {:.0} s on {jobs} threads (min {MIN}, max {MAX}; --rate-mult slots/8)",
+        s.cells,
+        if traces { "" } else { " (synthetic only)" },
+        elapsed.as_secs_f64()
+    );
+    let _ = writeln!(
+        o,
+        "hearth beaten in {} cells ({} over KPA's ceiling); hearth killed requests in {} cells; \
+         the oracle beaten in {} cells",
+        s.beaten, s.over_ceiling, s.hearth_killed_cells, s.oracle_beaten
+    );
+    for c in s.beaten_cells.iter().take(20) {
+        let _ = writeln!(o, "  beaten: {c}");
+    }
+    for c in s.oracle_beaten_cells.iter().take(20) {
+        let _ = writeln!(o, "  oracle beaten: {c}");
+    }
+    let _ = writeln!(
+        o,
+        "hearth ÷ oracle (replica-s): {}",
+        stats_line(&s.hearth_over_oracle)
+    );
+    let _ = writeln!(
+        o,
+        "hearth ÷ cheapest baseline missing no more: {} ({} cells have none)",
+        stats_line(&s.hearth_over_cheapest_no_worse),
+        s.cells_without_baseline_no_worse
+    );
+    let _ = writeln!(
+        o,
+        "baselines costing the same (±10 %): {} pairs; hearth misses more in {}; hearth's \
+         misses − the baseline's, points: {}",
+        s.same_cost_pairs,
+        s.same_cost_hearth_misses_more,
+        {
+            let d = &s.same_cost_miss_difference_points;
+            if d.n == 0 {
+                "none".to_string()
+            } else {
+                format!(
+                    "median {:+.2}, mean {:+.2}, worst {:+.2} ({})",
+                    d.median, d.mean, d.worst, d.worst_cell
+                )
+            }
+        }
+    );
+    let _ = writeln!(
+        o,
+        "goal, hearth ÷ cheapest at equal service (≤ hearth's misses + 0.1 point; baselines and \
+         KPA tuned in hindsight): {}; {} cells > 1.10; {} cells with no comparator (goal: \
+         geometric mean ≤ 0.85, none > 1.10)",
+        stats_line(&s.goal_equal_service),
+        s.goal_equal_service_over_1_10,
+        s.goal_equal_service_undefined
+    );
+    let _ = writeln!(
+        o,
+        "goal, hearth ÷ oracle where hearth misses no more than KPA: {}; flash crowds: {}; \
+         hearth misses more than KPA in {} cells (goal: geometric mean ≤ 1.30, each ≤ 1.5, \
+         flash ≤ 1.8)",
+        stats_line(&s.goal_oracle_at_kpa_service),
+        stats_line(&s.goal_oracle_flash),
+        s.cells_hearth_misses_more_than_kpa
+    );
+    let _ = writeln!(
+        o,
+        "for scale: the oracle ÷ cheapest at equal service {}; default KPA ÷ cheapest at equal \
+         service {}; KPA ÷ oracle {}",
+        stats_line(&s.oracle_equal_service),
+        stats_line(&s.kpa_equal_service),
+        stats_line(&s.kpa_over_oracle)
+    );
+    o
+}
+
+/// The summary and the worst cells, as Markdown for BENCHMARKS.md.
+pub fn markdown(
+    results: &[CellResult],
+    s: &Summary,
+    elapsed: Duration,
+    jobs: usize,
+    traces: bool,
+) -> String {
+    let mut o = String::new();
+    for line in summary_text(s, elapsed, jobs, traces).lines() {
+        let line = line.trim_start();
+        let _ = writeln!(o, "- {line}");
+    }
+    let mut worst: Vec<&CellResult> = results.iter().collect();
+    worst.sort_by(|a, b| over_oracle(b, "hearth").total_cmp(&over_oracle(a, "hearth")));
+    let head = |o: &mut String, title: &str| {
+        let _ = writeln!(o, "\n{title}\n");
+        let _ = write!(o, "| cell |");
+        for p in POLICIES {
+            let _ = write!(o, " {} |", p.name());
+        }
+        let _ = writeln!(o, " hearth ÷ oracle | verdict |");
+        let _ = writeln!(o, "|{}", " --- |".repeat(POLICIES.len() + 3));
+    };
+    let row = |o: &mut String, c: &CellResult| {
+        let _ = write!(o, "| {} |", label(c));
+        for f in &c.policies {
+            let _ = write!(
+                o,
+                " {:.2} % / {:.0} |",
+                f.over_target * 100.0,
+                f.replica_seconds
+            );
+        }
+        let v = verdict(c);
+        let verdict = if v.beaten() {
+            format!(
+                "beaten by {}{}",
+                v.beaten_by.join(", "),
+                if v.over_ceiling { " (ceiling)" } else { "" }
+            )
+        } else {
+            "not beaten".into()
+        };
+        let _ = writeln!(o, " {:.2} | {verdict} |", over_oracle(c, "hearth"));
+    };
+    let beaten: Vec<&CellResult> = results.iter().filter(|c| verdict(c).beaten()).collect();
+    if !beaten.is_empty() {
+        head(
+            &mut o,
+            "Cells where hearth is beaten (share over target / replica-seconds):",
+        );
+        for c in beaten.iter().take(40) {
+            row(&mut o, c);
+        }
+    }
+    head(
+        &mut o,
+        "The ten cells where hearth costs most over the oracle (share over target / \
+         replica-seconds):",
+    );
+    for c in worst.iter().take(10) {
+        row(&mut o, c);
+    }
+    let mut g: Vec<(&CellResult, f64)> = results
+        .iter()
+        .filter_map(|c| over_equal_service(c, "hearth").map(|r| (c, r)))
+        .collect();
+    g.sort_by(|a, b| b.1.total_cmp(&a.1));
+    head(
+        &mut o,
+        "The ten cells where hearth costs most over the cheapest policy at equal service:",
+    );
+    for (c, _) in g.iter().take(10) {
+        row(&mut o, c);
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::grid::{cells, sample, COLD_STARTS_S, SLOTS, TARGETS_MS};
+
+    fn f(policy: &str, over_pct: f64, rs: f64) -> Figures {
+        Figures {
+            policy: policy.into(),
+            over_target: over_pct / 100.0,
+            replica_seconds: rs,
+            killed: 0,
+        }
+    }
+
+    fn cell(h: (f64, f64), kpa: (f64, f64), other: (f64, f64), oracle: (f64, f64)) -> CellResult {
+        CellResult {
+            family: "step".into(),
+            workload: "step seed 1".into(),
+            cold_start_s: 60,
+            slots: 8,
+            target_ms: 2000,
+            requests: 1000,
+            lower_bound_replica_seconds: 100.0,
+            policies: vec![
+                f("hearth", h.0, h.1),
+                f("hpa-util", 0.0, 1e9),
+                f("hpa-queue", 50.0, 1.0),
+                f("kpa", kpa.0, kpa.1),
+                f("ray", other.0, other.1),
+                f("cortex", 90.0, 1.0),
+                f("oracle", oracle.0, oracle.1),
+            ],
+            kpa_tuned: vec![f("kpa@90%", kpa.0 + 0.05, kpa.1 * 0.8)],
+        }
+    }
+
+    #[test]
+    fn the_two_rules_and_the_ceiling() {
+        // Ray misses fewer for ≤ 1.1× the cost: beaten.
+        let c = cell((1.0, 1000.0), (1.0, 2000.0), (0.9, 1100.0), (0.0, 500.0));
+        assert_eq!(verdict(&c).beaten_by, ["ray"]);
+        // Ray misses no more and costs less: beaten. Fewer misses for 1.2× the cost: not.
+        let c = cell((1.0, 1000.0), (1.0, 2000.0), (1.0, 999.0), (0.0, 500.0));
+        assert_eq!(verdict(&c).beaten_by, ["ray"]);
+        let c = cell((1.0, 1000.0), (1.0, 2000.0), (0.5, 1200.0), (0.0, 500.0));
+        assert!(!verdict(&c).beaten());
+        // A policy that does not scale is caught by KPA's ceiling: max(1.5 × 4, 4 + 1) = 6 %.
+        let c = cell((6.5, 100.0), (4.0, 2000.0), (50.0, 1e9), (0.0, 500.0));
+        let v = verdict(&c);
+        assert!(v.beaten_by.is_empty() && v.over_ceiling);
+        let c = cell((5.9, 100.0), (4.0, 2000.0), (50.0, 1e9), (0.0, 500.0));
+        assert!(!verdict(&c).beaten());
+        // The oracle is beaten only by as few misses for less.
+        let c = cell((0.0, 400.0), (1.0, 2000.0), (50.0, 1e9), (0.0, 500.0));
+        assert_eq!(verdict(&c).oracle_beaten_by, ["hearth"]);
+    }
+
+    #[test]
+    fn equal_service_takes_the_cheapest_within_a_tenth_of_a_point() {
+        // hearth 1 %: KPA (1 %) at 2000 and KPA tuned (1.05 %) at 1600 qualify; hpa-util (0 %)
+        // at 1e9 too. The cheapest is the tuned one.
+        let c = cell((1.0, 1000.0), (1.0, 2000.0), (5.0, 10.0), (0.0, 500.0));
+        let r = over_equal_service(&c, "hearth").unwrap();
+        assert!((r - 1000.0 / 1600.0).abs() < 1e-9, "{r}");
+        assert!((over_oracle(&c, "hearth") - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_sample_spans_every_workload_and_knob() {
+        let all = cells(37);
+        assert_eq!(all.len(), 37 * 18);
+        let s = sample(37, 64);
+        assert_eq!(s.len(), 64);
+        for w in 0..37 {
+            assert!(s.iter().any(|c| c.workload == w), "workload {w}");
+        }
+        for &cold in &COLD_STARTS_S {
+            for &slots in &SLOTS {
+                for &t in &TARGETS_MS {
+                    assert!(
+                        s.iter().any(|c| c.cold_start_s == cold
+                            && c.slots == slots
+                            && c.target_ms == t),
+                        "{cold} {slots} {t}"
+                    );
+                }
+            }
+        }
+        assert!(s.iter().all(|c| all.contains(c)));
+    }
+}
