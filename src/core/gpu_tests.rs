@@ -128,6 +128,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             min: Some(3),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);
@@ -239,6 +240,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
             min: None,
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     // Push low to 2 routed (above its min of 1).
@@ -316,6 +318,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
             min: Some(2),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);

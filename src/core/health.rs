@@ -113,7 +113,7 @@ impl Node {
         let s = self
             .gpus
             .slot_mut(gpu)
-            .ok_or_else(|| Failure::new(ErrorCode::UnknownGpu, format!("no GPU {gpu:?}")))?;
+            .ok_or_else(|| Failure::new(ErrorCode::UnknownGpu, format!("no GPU {}", crate::protocol::quote(gpu))))?;
         let uuid = s.device.uuid.clone();
         let msg = if cordon {
             s.cordoned = true;

@@ -16,10 +16,13 @@ mod event;
 mod gpu;
 #[cfg(test)]
 mod gpu_tests;
+#[cfg(test)]
+mod harden_tests;
 mod health;
 mod lifecycle;
 mod model;
 mod node;
+mod overrides;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
@@ -45,6 +48,7 @@ pub use event::{
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;
+pub use overrides::check as check_overrides;
 pub use node::Node;
 pub use replica::{ReplicaId, ReplicaState};
 

@@ -357,6 +357,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(3),
             max: None,
             warm_pool: Some(crate::protocol::WarmPoolSetting::Count(2)),
+            reset: false,
         },
     );
     assert_eq!(resp["ok"], true);
@@ -381,6 +382,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(12),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(bad["error"], "bad_request", "min above max is refused");
@@ -468,6 +470,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
             min: Some(9),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     let out = h.log[before..].to_vec();

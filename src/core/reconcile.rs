@@ -84,6 +84,7 @@ impl Node {
             m.desired_routed.clamp(m.min(), m.max())
         };
         let max = if m.removed { 0 } else { m.max() };
+        let (min, m_removed) = (m.min(), m.removed);
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
         let recheck = m.config.warmup.recheck;
@@ -138,6 +139,20 @@ impl Node {
                     how: Readiness::Promoted,
                 });
             }
+        }
+
+        // Routed replicas an operator asked to drain drain once the others keep `min` routed.
+        let min = if m_removed { 0 } else { min };
+        while c.leaving > 0 && c.routed >= min {
+            let Some(id) = self.pick(
+                name,
+                |r| r.state == ReplicaState::Routed && r.drain_asked,
+                false,
+            ) else {
+                break;
+            };
+            self.begin_drain(&id, "drained by operator: its replacement is routed", now, out);
+            c.leaving -= 1;
         }
 
         // Routed replicas on a device being left drain once the healthy ones cover `desired`;
@@ -209,7 +224,8 @@ impl Node {
     /// On its way out: on a device being left, or made from a configuration being rolled away
     /// from.
     pub(super) fn departing(&self, r: &Replica) -> bool {
-        self.gpus.leaving(&r.gpus)
+        r.drain_asked
+            || self.gpus.leaving(&r.gpus)
             || self
                 .models
                 .get(&r.model)
