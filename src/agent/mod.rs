@@ -1,6 +1,7 @@
 //! The imperative shell: turns the world into events for the core and its actions into effects.
 
 pub mod access;
+pub mod conn;
 pub mod control;
 pub mod daemon;
 mod effects;
@@ -10,6 +11,7 @@ pub mod inventory;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod paths;
 pub mod nvml;
 pub mod prefetch;
 pub mod probe;
