@@ -27,9 +27,10 @@ use crate::core::Peer;
 use crate::protocol::{self, ErrorCode, Failure, Request, Response};
 
 /// Most connections open at once. Far above what a host needs (a reporter per replica, a few
-/// routers and watchers, operators' one-shot commands); the one after it is told `busy` and
-/// closed, so a flood of connections costs bounded memory and file descriptors.
-pub const MAX_CONNECTIONS: usize = 1024;
+/// routers and watchers, operators' one-shot commands), and under the 1024 file descriptors a
+/// process gets by default outside systemd; the one after it is told `busy` and closed, so a
+/// flood of connections costs bounded memory and file descriptors.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// Binds the socket: checks its directory first (paths.rs), replaces only a stale socket nobody
 /// answers on (never a file of another kind), then binds, chmods 0660 and listens, so nobody
@@ -128,7 +129,7 @@ pub async fn serve(
                             drop(slot);
                         });
                     }
-                    Err(_) => refuse_busy(&stream),
+                    Err(_) => refuse_busy(stream),
                 },
                 Err(e) => {
                     // EMFILE and friends: don't spin, don't die.
@@ -142,14 +143,19 @@ pub async fn serve(
 
 /// One connection too many: told so in one line (the socket buffer of a new connection takes
 /// it without waiting), then closed.
-fn refuse_busy(stream: &UnixStream) {
+fn refuse_busy(stream: UnixStream) {
+    use std::io::Write;
     let f = Failure::new(
         ErrorCode::Busy,
         format!("too many connections ({MAX_CONNECTIONS} open); try again"),
     );
     let mut line = protocol::encode_answer(&Err(f));
     line.push('\n');
-    let _ = stream.try_write(line.as_bytes());
+    // Written directly (the socket is non-blocking): tokio's own `try_write` would wait for a
+    // readiness event a socket this new has not had yet.
+    if let Ok(s) = stream.into_std() {
+        let _ = (&s).write(line.as_bytes());
+    }
 }
 
 /// The peer, resolved against the `[access]` in force, and which version of it that was.
