@@ -260,11 +260,14 @@ impl Daemon {
                 Wake::Msg(msg) => shell.message(msg),
                 Wake::Stop(immediate) => {
                     if !shell.stopping {
-                        sources.deadline = Some(
-                            tokio::time::Instant::now()
-                                + shell.node.config().daemon.shutdown_timeout
-                                + Duration::from_secs(5),
-                        );
+                        // Checked: shutdown_timeout is whatever the file said.
+                        sources.deadline = shell
+                            .node
+                            .config()
+                            .daemon
+                            .shutdown_timeout
+                            .checked_add(Duration::from_secs(5))
+                            .and_then(|d| tokio::time::Instant::now().checked_add(d));
                     }
                     shell.stop(immediate);
                 }

@@ -26,6 +26,8 @@ mod overrides;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+#[cfg(test)]
+mod prop_tests;
 mod ports;
 mod prefetch;
 mod probes;
@@ -83,8 +85,10 @@ impl Time {
 
 impl Add<Duration> for Time {
     type Output = Time;
+    /// Saturating: a duration from the configuration (any a TOML number can say) added to now
+    /// is "never", not a panic.
     fn add(self, d: Duration) -> Time {
-        Time(self.0 + d)
+        Time(self.0.saturating_add(d))
     }
 }
 

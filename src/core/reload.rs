@@ -163,6 +163,12 @@ impl Node {
         }
     }
 
+    /// A read of the file is out (tests: its answer is still to come).
+    #[cfg(test)]
+    pub(super) fn reloads_pending(&self) -> bool {
+        self.reloads.reading.is_some()
+    }
+
     /// At shutdown: reloads waiting for a read are refused now, not when it comes back.
     pub(super) fn refuse_reloads(&mut self, out: &mut Vec<Action>) {
         refuse(std::mem::take(&mut self.reloads.queued), out);
