@@ -379,7 +379,7 @@ impl Node {
             .map(|x| u64::from(x.max()))
             .sum();
         let needed = others + u64::from(new_max);
-        if needed > ports && false {
+        if needed > ports {
             return Err(Failure::new(
                 ErrorCode::BadRequest,
                 format!(
