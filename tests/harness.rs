@@ -105,3 +105,32 @@ fn every_rendered_option_passes_check_config() {
         home.config_text()
     );
 }
+
+/// Where the harness looks for a daemon's replica cgroups (to count them and to clean up) is
+/// where the daemon puts them, as its log says.
+#[test]
+fn the_harness_finds_the_daemons_replica_cgroups() {
+    let d = Daemon::start([Model::toy("toy", &[]).scale(1, 1, 0)]);
+    d.wait_settled("toy", 1, 0, Duration::from_secs(30));
+    let log = d.log();
+    let Some(line) = log
+        .lines()
+        .find(|l| l.contains("containment: cgroup2 subtree at "))
+    else {
+        eprintln!(
+            "note: no cgroup2 containment here: {}",
+            log.lines()
+                .find(|l| l.contains("containment:"))
+                .unwrap_or("")
+        );
+        return;
+    };
+    let expected = testkit::cgroups::subtree(&d.dir.path().join("state")).unwrap();
+    assert!(
+        line.contains(&format!("at {} (", expected.display())),
+        "{line} vs {expected:?}"
+    );
+    let r = &d.replicas("toy")[0];
+    let procs = testkit::cgroups::procs(&expected.join(testkit::status::id(r)));
+    assert!(procs.contains(&testkit::status::pid(r)), "{procs:?}");
+}

@@ -63,6 +63,12 @@ pub enum Stop {
 /// recovers from both: it skips to the next newline, or has already consumed the line).
 pub struct Lines(LinesCodec);
 
+impl Default for Lines {
+    fn default() -> Lines {
+        Lines::new()
+    }
+}
+
 impl Lines {
     pub fn new() -> Lines {
         Lines(LinesCodec::new_with_max_length(protocol::MAX_LINE))

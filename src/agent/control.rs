@@ -205,6 +205,7 @@ async fn connection(
                 uid: c.uid(),
                 pid: None,
                 pgid: None,
+                replica: None,
                 role: protocol::Role::None,
             },
             generation: 0,

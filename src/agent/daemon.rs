@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
+use super::account::Accounts;
+use super::containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
 use super::gpu_monitor::{self, MonitorSink};
@@ -188,7 +190,16 @@ impl Daemon {
             interval: gpu_monitor::MEMORY_INTERVAL,
         });
 
-        let access = Arc::new(Access::new(config.access.clone()));
+        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
+        // earlier run left there stopped, before the first replica of this run is placed.
+        let containment = containment::start(&state_dir).await?;
+        let sampling = Arc::new(AtomicBool::new(false));
+        containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
+
+        let accounts = Accounts::resolve();
+        accounts.open_socket_to_replicas(&socket_path);
+        let access =
+            Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
             operators: operators_tx.clone(),
@@ -215,7 +226,8 @@ impl Daemon {
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone()),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
+            containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),
             tracker: tracker.clone(),
@@ -285,6 +297,8 @@ impl Daemon {
         shutdown.cancel();
         tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+        sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+        containment.close();
         match std::fs::remove_file(&socket_path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -9,6 +9,7 @@ use std::time::Instant;
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::task::TaskTracker;
 
+use super::containment::Containment;
 use super::inbox::{Answered, EventSink, Published};
 use super::metrics::{ReadyPath, Recorder};
 use super::supervisor::Supervisor;
@@ -20,6 +21,8 @@ use crate::protocol::{WatchEvent, WatchedState};
 /// The workers actions start.
 pub struct Workers {
     pub supervisor: Supervisor,
+    /// Whose process listens on a replica's port, for warm-ups.
+    pub containment: Arc<Containment>,
     /// Probes and scrapes share one HTTP client (and its connection pool).
     pub http: reqwest::Client,
     /// Where probe and scrape results go.
@@ -149,7 +152,7 @@ impl Effects {
                 replica,
                 pid,
                 signal,
-            } => Supervisor::signal(&replica, pid, signal),
+            } => self.workers.supervisor.signal(&replica, pid, signal),
             Action::Probe {
                 replica,
                 kind,
@@ -158,11 +161,15 @@ impl Effects {
             } => {
                 let client = self.workers.http.clone();
                 let events = self.workers.events.clone();
+                let containment = self.workers.containment.clone();
                 self.workers.tracker.spawn(async move {
                     if !after.is_zero() {
                         tokio::time::sleep(after).await;
                     }
-                    let outcome = probe::run(&client, &spec).await;
+                    let mut outcome = probe::run(&client, &spec).await;
+                    if outcome.ok && spec.verify_owner {
+                        outcome = probe::verify_owner(containment, &replica, &spec, outcome).await;
+                    }
                     events
                         .send(Event::Probed {
                             replica,

@@ -1,7 +1,9 @@
 //! The imperative shell: turns the world into events for the core and its actions into effects.
 
 pub mod access;
+pub mod account;
 pub mod conn;
+pub mod containment;
 pub mod control;
 pub mod daemon;
 mod effects;

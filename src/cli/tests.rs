@@ -238,6 +238,8 @@ fn replica(id: &str, state: ReplicaState, pid: Option<u32>, gpus: &[&str]) -> Re
         restarts: 0,
         version: "1".into(),
         reason: String::new(),
+        rss_bytes: None,
+        cpu_seconds: None,
     }
 }
 

@@ -23,6 +23,7 @@
 //! Rooms: `raw` is the file's keys exactly as serde reads them, each with its place in the text;
 //! `validate` turns them into the typed [`Config`] below; `placeholders` expands templates.
 
+mod defaults;
 mod placeholders;
 mod raw;
 mod validate;
@@ -34,6 +35,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 pub use placeholders::{expand, Placeholders};
 
@@ -99,7 +102,8 @@ pub struct StaticDevice {
     pub memory: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Placement {
     Pack,
     Spread,
@@ -108,33 +112,76 @@ pub enum Placement {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub name: String,
-    pub version: String,
-    pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub user: Option<String>,
-    pub gpus: u32,
-    /// None: the replica takes whole devices.
-    pub gpu_memory: Option<u64>,
-    pub placement: Placement,
+    /// What its replicas are made from. Everything else here applies to running replicas live.
+    pub launch: LaunchSpec,
     pub priority: i32,
     pub stop_grace: Duration,
-    pub prefetch: Vec<String>,
-    pub warmup: WarmupConfig,
     pub liveness: Option<LivenessConfig>,
     pub signal: Option<SignalConfig>,
     pub scaling: ScalingConfig,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// What makes a replica what it is: a change rolls the model over; anything added here takes
+/// part automatically. Two specs are the same launch exactly when they are `==`, field by field;
+/// nothing hand-picks the fields, and nothing hashes them for identity.
+///
+/// It is persisted (serde) to be compared with a later configuration, possibly by a later
+/// binary. The rule for every field, here and in [`WarmupConfig`]: one that the file may leave
+/// out reads as the configuration's own default when it is missing (`#[serde(default = …)]`
+/// from `config::defaults`, which validation uses too), so a field added later, left at its
+/// default, never makes an older persisted spec differ. A field the reader does not know is an
+/// error, not ignored: a spec this binary cannot compare in full is not the same launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    #[serde(default = "defaults::version")]
+    pub version: String,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default = "defaults::gpus")]
+    pub gpus: u32,
+    /// None: the replica takes whole devices.
+    #[serde(default)]
+    pub gpu_memory: Option<u64>,
+    #[serde(default = "defaults::placement")]
+    pub placement: Placement,
+    #[serde(default)]
+    pub prefetch: Vec<String>,
+    pub warmup: WarmupConfig,
+}
+
+/// Part of [`LaunchSpec`], under its rule for defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WarmupConfig {
+    #[serde(default = "defaults::warmup_method")]
     pub method: String,
     pub url: String,
+    #[serde(default)]
     pub body: Option<String>,
+    #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    #[serde(default = "defaults::warmup_expect_status")]
     pub expect_status: u16,
+    #[serde(default)]
     pub expect_body: Option<String>,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_timeout"
+    )]
     pub timeout: Duration,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_startup_timeout"
+    )]
     pub startup_timeout: Duration,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_recheck"
+    )]
     pub recheck: Duration,
 }
 

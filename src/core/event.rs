@@ -19,6 +19,9 @@ pub struct Peer {
     pub pid: Option<u32>,
     /// The peer's process group: a replica's processes share the group its leader created.
     pub pgid: Option<u32>,
+    /// The replica whose cgroup or scope holds the peer, as the shell's containment found it
+    /// (none where replicas have no cgroup: then the process group tells).
+    pub replica: Option<ReplicaId>,
     pub role: Role,
 }
 
@@ -29,6 +32,7 @@ impl Peer {
             uid: 0,
             pid: None,
             pgid: None,
+            replica: None,
             role: Role::Admin,
         }
     }
@@ -63,6 +67,10 @@ pub struct ProbeSpec {
     pub expect_status: u16,
     pub expect_body: Option<String>,
     pub timeout: Duration,
+    /// Before a passing answer counts, the shell checks that the process listening on the
+    /// URL's port belongs to the replica (its cgroup, or its process group where there is no
+    /// cgroup): an orphan of an earlier run, or any other squatter, never passes.
+    pub verify_owner: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +83,18 @@ pub struct SpawnSpec {
     pub user: Option<String>,
     pub port: u16,
     pub gpus: Vec<String>,
+    /// The model's `stop_grace`: the backstop the shell's containment gives a stop it makes
+    /// without the core (a systemd scope stopped by an operator).
+    pub stop_grace: Duration,
+}
+
+/// What a replica's processes use, read from its cgroup (or summed over its processes).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Usage {
+    /// Resident memory, in bytes; None when unknown.
+    pub rss_bytes: Option<u64>,
+    /// CPU time used so far, user and system, in seconds; None when unknown.
+    pub cpu_seconds: Option<f64>,
 }
 
 /// What a scrape of a model server's own metrics says about its queue.
@@ -253,6 +273,16 @@ pub enum Event {
         total_bytes: u64,
         missing: Vec<String>,
     },
+    /// The shell found the port it was to start `replica` on held by another process (checked
+    /// by binding it, as the server would, just before the spawn): nothing was started.
+    PortBusy {
+        replica: ReplicaId,
+        port: u16,
+        /// Who holds it, as far as the shell could tell.
+        holder: String,
+    },
+    /// Resource use of live replicas, sampled by the shell.
+    Usage(Vec<(ReplicaId, Usage)>),
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,

@@ -1,5 +1,7 @@
 //! Replica lifecycle transitions: spawn results, exits, failures, drains, stops, deadlines.
 
+use std::sync::Arc;
+
 use super::event::{Action, LogLevel, ProbeKind, StopSignal};
 use super::node::{Node, ShutdownState};
 use super::replica::{ReplicaId, ReplicaState};
@@ -19,7 +21,7 @@ impl Node {
             };
             match r.state {
                 ReplicaState::Starting => {
-                    let limit = m.config_of(r.spec).warmup.startup_timeout;
+                    let limit = m.config_of(&r.spec).launch.warmup.startup_timeout;
                     if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
                         let _ = at;
                         let last = if r.last_probe_error.is_empty() {
@@ -44,7 +46,7 @@ impl Node {
                     // Start to start: the cadence does not stretch by the probe's own time.
                     let interval = match (kind, &m.config.liveness) {
                         (ProbeKind::Liveness, Some(l)) => l.interval,
-                        _ => m.config_of(r.spec).warmup.recheck,
+                        _ => m.config_of(&r.spec).launch.warmup.recheck,
                     };
                     if wanted && !r.probe_in_flight && now >= r.next_probe {
                         if let Some(spec) = self.probe_spec(&id, kind) {
@@ -99,6 +101,7 @@ impl Node {
                 ReplicaState::Pending => {}
             }
         }
+        self.ports.expire_busy(now);
         // Failures age out of the window even when no new one comes: crash_loop clears by itself.
         for m in self.models.values_mut() {
             m.recent_failures(now);
@@ -218,8 +221,8 @@ impl Node {
         out: &mut Vec<Action>,
     ) {
         if let Some(r) = self.replicas.get(id) {
-            let (spec, ever_warm) = (r.spec, r.ever_warm);
-            self.rollout_failure(model, spec, ever_warm, why, out);
+            let (spec, ever_warm) = (Arc::clone(&r.spec), r.ever_warm);
+            self.rollout_failure(model, &spec, ever_warm, why, out);
         }
         let Some(m) = self.models.get_mut(model) else {
             return;

@@ -31,6 +31,9 @@ mod prop_tests;
 mod ports;
 mod prefetch;
 mod probes;
+mod processes;
+#[cfg(test)]
+mod processes_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -46,7 +49,7 @@ mod tests;
 
 pub use event::{
     Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
-    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
+    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal, Usage,
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;

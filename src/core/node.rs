@@ -111,6 +111,12 @@ impl Node {
                 total_bytes,
                 missing,
             } => self.prefetch_progress(&replica, done_bytes, total_bytes, &missing),
+            Event::PortBusy {
+                replica,
+                port,
+                holder,
+            } => self.port_busy(&replica, port, &holder, now, &mut out),
+            Event::Usage(samples) => self.usage(samples),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);

@@ -1,8 +1,13 @@
 //! The port pool: `{port}` for each replica, from `daemon.ports`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use super::Time;
 use crate::config::PortRange;
+
+/// How long a port found held by another process is passed over before it is tried again.
+pub(super) const BUSY_PORT_HOLD: Duration = Duration::from_secs(60);
 
 /// Ports from `daemon.ports`, handed out round-robin so a port just freed (maybe still in
 /// TIME_WAIT, or held by a straggler) is the last to be reused.
@@ -11,6 +16,9 @@ pub(super) struct PortPool {
     range: PortRange,
     next: u16,
     in_use: BTreeSet<u16>,
+    /// Ports another process held when one of ours was to start on them, with when they may be
+    /// tried again. Bounded by the range: one entry per port at most.
+    busy: BTreeMap<u16, Time>,
 }
 
 impl PortPool {
@@ -19,6 +27,7 @@ impl PortPool {
             range,
             next: range.first,
             in_use: Default::default(),
+            busy: Default::default(),
         }
     }
     pub fn capacity(&self) -> usize {
@@ -45,7 +54,7 @@ impl PortPool {
             } else {
                 p + 1
             };
-            if self.in_use.insert(p) {
+            if !self.busy.contains_key(&p) && self.in_use.insert(p) {
                 return Some(p);
             }
         }
@@ -53,6 +62,20 @@ impl PortPool {
     }
     pub fn give_back(&mut self, p: u16) {
         self.in_use.remove(&p);
+    }
+    /// `p` is held by a process that is not ours: pass it over until `until`.
+    pub fn hold_busy(&mut self, p: u16, until: Time) {
+        self.in_use.remove(&p);
+        self.busy.insert(p, until);
+    }
+    /// Busy ports whose hold has passed may be tried again (the shell checks again then).
+    pub fn expire_busy(&mut self, now: Time) {
+        self.busy.retain(|_, until| *until > now);
+    }
+    /// Ports passed over now.
+    #[cfg(test)]
+    pub fn busy(&self) -> impl Iterator<Item = u16> + '_ {
+        self.busy.keys().copied()
     }
     pub fn set_range(&mut self, range: PortRange) {
         self.range = range;

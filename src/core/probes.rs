@@ -47,7 +47,7 @@ impl Node {
                 if o.ok {
                     let spawned = r.spawned_at.unwrap_or(r.created);
                     let ttr = now.since(spawned);
-                    r.next_probe = now + m.config_of(r.spec).warmup.recheck;
+                    r.next_probe = now + m.config_of(&r.spec).launch.warmup.recheck;
                     r.ever_warm = true;
                     r.last_probe_error.clear();
                     let rid = r.id.clone();
@@ -103,7 +103,7 @@ impl Node {
                 let n = r.probe_failures;
                 if kind == ProbeKind::Recheck {
                     // A warm replica under suspicion is not promotable: settle it soon.
-                    let recheck = m.config_of(r.spec).warmup.recheck;
+                    let recheck = m.config_of(&r.spec).launch.warmup.recheck;
                     r.next_probe = now + RECHECK_RETRY.min(recheck);
                 }
                 let what = if kind == ProbeKind::Recheck {
@@ -134,7 +134,7 @@ impl Node {
         let r = self.replicas.get(id)?;
         let m = self.models.get(&r.model)?;
         let vars = self.placeholders(r);
-        let w = &m.config_of(r.spec).warmup;
+        let w = &m.config_of(&r.spec).launch.warmup;
         let expand = |s: &str| crate::config::expand(s, &vars);
         Some(match (kind, &m.config.liveness) {
             (ProbeKind::Liveness, Some(l)) => ProbeSpec {
@@ -145,6 +145,7 @@ impl Node {
                 expect_status: 200,
                 expect_body: None,
                 timeout: l.timeout,
+                verify_owner: false,
             },
             _ => ProbeSpec {
                 method: w.method.clone(),
@@ -158,6 +159,9 @@ impl Node {
                 expect_status: w.expect_status,
                 expect_body: w.expect_body.clone(),
                 timeout: w.timeout,
+                // Warm-ups and rechecks decide whether a replica may take traffic: the answer
+                // must come from the replica's own process.
+                verify_owner: true,
             },
         })
     }

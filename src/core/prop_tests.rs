@@ -249,13 +249,17 @@ fn peer(w: &World, p: u8) -> Peer {
         2 => Role::Reporter,
         _ => Role::None,
     };
-    let pgid = (p % 3 == 0)
+    let pgid = p.is_multiple_of(3)
         .then(|| w.node.replicas.values().filter_map(|r| r.pid).nth(usize::from(p) / 4))
         .flatten();
+    // A process in a replica's cgroup (as the shell's containment would say), or a stranger's
+    // name for one.
+    let replica = p.is_multiple_of(5).then(|| replica(w, p / 5));
     Peer {
         uid: 1000,
         pid: pgid,
         pgid,
+        replica,
         role,
     }
 }

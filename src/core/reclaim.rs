@@ -24,9 +24,9 @@ impl Node {
         let m = self.models.get(&model)?;
         let (prio, gpus, bytes, placement) = (
             m.config.priority,
-            m.config.gpus,
-            m.config.gpu_memory,
-            m.config.placement,
+            m.config.launch.gpus,
+            m.config.launch.gpu_memory,
+            m.config.launch.placement,
         );
         // Only a scale-up reclaims: refilling a warm pool never takes from others.
         let c = self.counts(&model);

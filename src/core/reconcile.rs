@@ -1,6 +1,8 @@
 //! The reconciler: after every event, move each model toward its desired routed count and warm
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
+use std::sync::Arc;
+
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
 use super::replica::{Replica, ReplicaId, ReplicaState};
@@ -87,7 +89,7 @@ impl Node {
         let (min, m_removed) = (m.min(), m.removed);
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
-        let recheck = m.config.warmup.recheck;
+        let recheck = m.config.launch.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
         // that serve nothing go at once; routed ones wait for their replacement (below).
@@ -229,7 +231,7 @@ impl Node {
             || self
                 .models
                 .get(&r.model)
-                .is_some_and(|m| r.spec != m.launch_spec())
+                .is_some_and(|m| r.spec != *m.launch_spec())
     }
 
     /// The oldest (or newest) replica of the model that matches.
@@ -262,9 +264,9 @@ impl Node {
         let n = m.next_n;
         m.next_n += 1;
         let restarts = m.failures.len() as u32;
-        let c = m.launch_config();
-        let globs = c.prefetch.clone();
-        let r = Replica::new(model, n, &c.version, m.launch_spec(), now, restarts);
+        let spec = Arc::clone(m.launch_spec());
+        let globs = spec.prefetch.clone();
+        let r = Replica::new(model, n, spec, now, restarts);
         let id = r.id.clone();
         self.replicas.insert(id.clone(), r);
         if !globs.is_empty() {
@@ -316,11 +318,11 @@ impl Node {
                 }
                 continue;
             }
-            let placed = match self.gpus.place(
-                m.launch_config().gpus,
-                m.launch_config().gpu_memory,
-                m.launch_config().placement,
-            ) {
+            let launch = m.launch_spec();
+            let placed = match self
+                .gpus
+                .place(launch.gpus, launch.gpu_memory, launch.placement)
+            {
                 Ok(p) => p,
                 Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
@@ -334,7 +336,7 @@ impl Node {
                     continue;
                 }
             };
-            let exclusive = m.launch_config().gpu_memory.is_none();
+            let exclusive = launch.gpu_memory.is_none();
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
             };
@@ -362,7 +364,8 @@ impl Node {
     fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
         let r = self.replicas.get(id)?;
         // The configuration the replica was made from: during a rollout, old or new.
-        let c = self.models.get(&r.model)?.config_of(r.spec);
+        let model_config = self.models.get(&r.model)?.config_of(&r.spec);
+        let c = &model_config.launch;
         let vars = self.placeholders(r);
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
@@ -392,6 +395,7 @@ impl Node {
             user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
+            stop_grace: model_config.stop_grace,
         })
     }
 

@@ -9,11 +9,13 @@
 //! once new ones are routed in their place (see `departing` in reconcile.rs), so routed capacity
 //! never drops. The two never write the same field.
 
+use std::sync::Arc;
+
 use super::event::{Action, LogLevel, NewConfig, ReloadCause, RequestId};
-use super::model::{spec_of, ModelState, Rollout, ROLLOUT_FAILURES};
+use super::model::{ModelState, Rollout, ROLLOUT_FAILURES};
 use super::node::Node;
 use super::Time;
-use crate::config::Config;
+use crate::config::{Config, LaunchSpec};
 use crate::protocol::{ErrorCode, Failure, Response};
 
 /// Reloads asked for and not yet answered. One read of the file is out at a time; what is asked
@@ -179,8 +181,8 @@ impl Node {
     }
 
     /// Applies a validated configuration: untouched models keep their replicas, scaling changes
-    /// apply at once, a changed command, env, warm-up or version rolls the model over, new models
-    /// start, removed models drain away.
+    /// apply at once, a changed launch spec (command, env, warm-up, version…) rolls the model
+    /// over, new models start, removed models drain away.
     fn apply_config(&mut self, config: Config, now: Time, out: &mut Vec<Action>) {
         for mc in &config.models {
             let Some(m) = self.models.get_mut(&mc.name) else {
@@ -192,31 +194,33 @@ impl Node {
             if m.config == *mc && !m.removed {
                 continue;
             }
-            let spec = spec_of(mc);
-            let msg = if spec == m.spec {
-                // Scaling, liveness, signal, priority, stop_grace: they apply live.
+            let spec = &mc.launch;
+            let msg = if *spec == *m.spec {
+                // Scaling, liveness, signal, priority, stop_grace: they apply live. A rollout
+                // under way goes on: its replicas of either version are what they were.
                 "configuration changed; replicas kept".to_string()
-            } else if m.rollout.is_some() && spec == m.launch_spec() {
+            } else if m.rollout.is_some() && *spec == **m.launch_spec() {
+                // Back to the version a halted rollout left serving.
+                m.rollout = None;
                 "configuration changed back to the version serving; rollout dropped".to_string()
             } else {
                 let previous = m.launch_config().clone();
                 let msg = format!(
                     "rolling out version {} (from {}): new replicas warm before old ones drain",
-                    mc.version, previous.version
+                    mc.launch.version, previous.launch.version
                 );
                 m.rollout = Some(Rollout {
-                    previous_spec: m.launch_spec(),
+                    previous_spec: Arc::clone(m.launch_spec()),
                     previous,
                     failures: 0,
                     halted: None,
                 });
                 msg
             };
-            if spec == m.launch_spec() {
-                m.rollout = None;
+            if *spec != *m.spec {
+                m.spec = Arc::new(spec.clone());
             }
             m.config = mc.clone();
-            m.spec = spec;
             m.removed = false;
             let name = mc.name.clone();
             self.log(LogLevel::Info, &name, None, msg, out);
@@ -263,7 +267,7 @@ impl Node {
         {
             return;
         }
-        let version = m.config.version.clone();
+        let version = m.config.launch.version.clone();
         if let Some(m) = self.models.get_mut(model) {
             m.rollout = None;
         }
@@ -282,7 +286,7 @@ impl Node {
     pub(super) fn rollout_failure(
         &mut self,
         model: &str,
-        spec: u64,
+        spec: &LaunchSpec,
         ever_warm: bool,
         why: &str,
         out: &mut Vec<Action>,
@@ -290,16 +294,17 @@ impl Node {
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
-        let (new_spec, version) = (m.spec, m.config.version.clone());
+        let new_spec = Arc::clone(&m.spec);
+        let version = m.config.launch.version.clone();
         let Some(r) = m.rollout.as_mut() else { return };
-        if spec != new_spec || ever_warm || r.halted.is_some() {
+        if *spec != *new_spec || ever_warm || r.halted.is_some() {
             return;
         }
         r.failures += 1;
         if r.failures >= ROLLOUT_FAILURES {
             let halted = format!(
                 "rollout of version {version} halted after {} replicas failed to warm up (last: {why}); version {} keeps serving until the configuration changes",
-                r.failures, r.previous.version
+                r.failures, r.previous.launch.version
             );
             r.halted = Some(halted.clone());
             self.log(LogLevel::Error, model, None, halted, out);

@@ -1,10 +1,12 @@
 //! One replica and its lifecycle states.
 
 use std::fmt;
+use std::sync::Arc;
 
-use super::event::QueueTime;
+use super::event::{QueueTime, Usage};
 use super::signal::ReplicaSignal;
 use super::Time;
+use crate::config::LaunchSpec;
 pub use crate::protocol::ReplicaState;
 
 /// `MODEL-N`, N increasing for the daemon's life.
@@ -32,10 +34,10 @@ pub struct Replica {
     /// The N of `MODEL-N`: creation order within the model.
     pub n: u64,
     pub model: String,
-    /// The model's version when this replica was created.
+    /// `spec.version`, for views.
     pub version: String,
-    /// `model::spec_of` the configuration it was made from.
-    pub spec: u64,
+    /// What it was made from: it belongs to a configuration whose launch spec is `==` to this.
+    pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
     pub ever_warm: bool,
     pub state: ReplicaState,
@@ -90,15 +92,17 @@ pub struct Replica {
     pub last_scraped: Option<Time>,
     /// The queue-time totals of the last scrape that had them.
     pub scraped_queue_time: Option<QueueTime>,
+    /// Memory and CPU of its processes, as the shell last sampled them.
+    pub usage: Usage,
 }
 
 impl Replica {
-    pub fn new(model: &str, n: u64, version: &str, spec: u64, now: Time, restarts: u32) -> Self {
+    pub fn new(model: &str, n: u64, spec: Arc<LaunchSpec>, now: Time, restarts: u32) -> Self {
         Replica {
             id: ReplicaId::new(model, n),
             n,
             model: model.to_string(),
-            version: version.to_string(),
+            version: spec.version.clone(),
             spec,
             ever_warm: false,
             state: ReplicaState::Pending,
@@ -130,6 +134,7 @@ impl Replica {
             gpu_used: Default::default(),
             overrun_warned: false,
             scraped_queue_time: None,
+            usage: Usage::default(),
         }
     }
 

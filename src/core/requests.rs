@@ -164,8 +164,17 @@ impl Node {
         }
     }
 
-    /// The live replica whose process group the peer belongs to.
+    /// The live replica the peer is a process of: the one whose cgroup or scope holds it, as
+    /// the shell found it (which covers processes that left the process group), else the one
+    /// whose process group it belongs to.
     fn replica_of_peer(&self, peer: &Peer) -> Option<&ReplicaId> {
+        if let Some(id) = &peer.replica {
+            return self
+                .replicas
+                .get(id)
+                .filter(|r| r.pid.is_some())
+                .map(|r| &r.id);
+        }
         let pgid = peer.pgid?;
         self.replicas
             .values()
@@ -329,7 +338,7 @@ impl Node {
         if self.ports.free() == 0 {
             return Err("no free port in daemon.ports".into());
         }
-        let c = m.launch_config();
+        let c = m.launch_spec();
         self.gpus.place(c.gpus, c.gpu_memory, c.placement).map(|_| ())
     }
 

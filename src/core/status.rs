@@ -61,7 +61,7 @@ impl Node {
         replicas.sort_by_key(|r| r.n);
         ModelView {
             name: name.to_string(),
-            version: m.config.version.clone(),
+            version: m.config.launch.version.clone(),
             health,
             health_reason,
             // Every routed replica, those on their way out (old version, device being left)
@@ -88,8 +88,8 @@ impl Node {
                 reason: s.reason.clone(),
             }),
             rollout: m.rollout.as_ref().map(|r| RolloutView {
-                version: m.config.version.clone(),
-                from: r.previous.version.clone(),
+                version: m.config.launch.version.clone(),
+                from: r.previous.launch.version.clone(),
                 updated: self
                     .replicas
                     .values()
@@ -120,6 +120,8 @@ impl Node {
                     } else {
                         String::new()
                     },
+                    rss_bytes: r.usage.rss_bytes,
+                    cpu_seconds: r.usage.cpu_seconds,
                 })
                 .collect(),
         }

@@ -115,6 +115,12 @@ impl Harness {
     /// SIGHUP with `toml` as the file: the core asks for the file, the shell reads it. Returns
     /// what the core did with it.
     pub fn reload(&mut self, toml: &str) -> Vec<Action> {
+        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
+        self.reload_config(config)
+    }
+
+    /// SIGHUP with a file that reads as `config`.
+    pub fn reload_config(&mut self, config: Config) -> Vec<Action> {
         let asked = self.send(Event::ReloadSignal);
         assert!(
             asked.contains(&Action::ReadConfig {
@@ -122,7 +128,6 @@ impl Harness {
             }),
             "{asked:?}"
         );
-        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
         self.send(Event::ConfigRead(Ok(Box::new(NewConfig {
             config,
             warnings: Vec::new(),
@@ -726,6 +731,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(77),
         pgid: Some(77),
+        replica: None,
         role: Role::None,
     };
     let rep = |replica: Option<&str>| {
@@ -744,6 +750,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(pid + 5),
         pgid: Some(pid),
+        replica: None,
         role: Role::None,
     };
     assert_eq!(
@@ -764,6 +771,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reader,
     };
     assert_eq!(h.request(reader.clone(), rep(None))["error"], "forbidden");
@@ -785,6 +793,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reporter,
     };
     assert_eq!(

@@ -178,6 +178,14 @@ pub struct ReplicaView {
     /// What the replica is waiting for or why it is leaving; empty when nothing to say.
     #[serde(default)]
     pub reason: String,
+    /// Resident memory of the replica's processes, in bytes (its cgroup's `memory.current`
+    /// where the memory controller is on, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// CPU time its processes used so far, user and system, in seconds (the cgroup's
+    /// `cpu.stat`, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub cpu_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

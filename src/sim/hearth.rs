@@ -64,8 +64,8 @@ impl HearthDriver {
         // The simulated host has room for every replica: placement is not what is measured.
         config.models.retain(|m| m.name == model);
         for m in &mut config.models {
-            m.gpus = 0;
-            m.gpu_memory = None;
+            m.launch.gpus = 0;
+            m.launch.gpu_memory = None;
             if !pool {
                 m.scaling.warm_pool = WarmPool::Fixed(0);
             }

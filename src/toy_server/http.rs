@@ -108,8 +108,9 @@ async fn completion(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
     let prompt_tokens = prompt_tokens(body.get("prompt"));
 
     let id = state.queue.serve(state.service_time).await;
+    mark(&state);
 
-    json_response(
+    let mut resp = json_response(
         StatusCode::OK,
         json!({
             "id": format!("toy-{id}"),
@@ -126,7 +127,36 @@ async fn completion(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
                 "total_tokens": prompt_tokens + 1
             }
         }),
-    )
+    );
+    // Who answered: tests check it against the replica the address was routed for.
+    let h = resp.headers_mut();
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&state.pid.to_string()) {
+        h.insert("x-toy-pid", v);
+    }
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&state.replica) {
+        h.insert("x-toy-replica", v);
+    }
+    resp
+}
+
+/// `--marks DIR`: DIR/REPLICA.PID, with this process's cgroup, before the first answer leaves.
+fn mark(state: &State) {
+    let Some(dir) = &state.marks else {
+        return;
+    };
+    if state.marked.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let cgroup = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("")
+        .to_string();
+    let path = dir.join(format!("{}.{}", state.replica, state.pid));
+    if let Err(e) = std::fs::write(&path, cgroup) {
+        eprintln!("toy-server: --marks: writing {}: {e}", path.display());
+    }
 }
 
 /// The queue as OpenMetrics text: one snapshot, so the five numbers agree with each other.

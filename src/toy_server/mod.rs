@@ -69,10 +69,30 @@ pub struct ToyArgs {
     /// come from `HEARTH_MODEL` and `HEARTH_REPLICA`); e.g. a relay that timestamps them.
     #[arg(long)]
     pub report_socket: Option<PathBuf>,
+    /// Fork a detached worker (its own session: setsid) that serves on the same listening
+    /// socket and outlives this process, like a server's worker that escapes its process group.
+    #[arg(long)]
+    pub fork_worker: bool,
+    /// Ignore SIGTERM (keep serving): only SIGKILL stops it.
+    #[arg(long)]
+    pub ignore_sigterm: bool,
+    /// Before the first completion it answers, create DIR/REPLICA.PID holding the process's
+    /// cgroup (REPLICA from `HEARTH_REPLICA`): a record of which process answered for which
+    /// replica, e.g. its warm-up.
+    #[arg(long, value_name = "DIR")]
+    pub marks: Option<PathBuf>,
+    /// Serve on this inherited listening socket instead of binding (the forked worker's).
+    #[arg(long, hide = true)]
+    pub listen_fd: Option<i32>,
 }
 
 /// What the HTTP handlers and the reporter share.
 struct State {
+    /// `x-toy-pid` and `x-toy-replica` on every completion: who answered.
+    pid: u32,
+    replica: String,
+    marks: Option<PathBuf>,
+    marked: std::sync::atomic::AtomicBool,
     loaded: watch::Sender<bool>,
     hung: watch::Sender<bool>,
     fail_warmup: bool,
@@ -98,16 +118,35 @@ pub async fn run(args: ToyArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let listener = match args.listen_fd {
+        Some(fd) => inherited_listener(fd)?,
+        None => TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?,
+    };
+    if args.fork_worker {
+        fork_worker(&listener)?;
+    }
+    let ignore_term = args.ignore_sigterm;
     let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        loop {
+            tokio::select! {
+                _ = term.recv() => {
+                    if !ignore_term {
+                        break;
+                    }
+                    println!("toy-server: --ignore-sigterm: SIGTERM ignored");
+                    let _ = std::io::stdout().flush();
+                }
+                _ = int.recv() => break,
+            }
         }
     };
-    let reporter = Reporter::from_env(args.report_socket.clone());
+    // The forked worker answers but does not report: its replica's leader does.
+    let reporter = match args.listen_fd {
+        Some(_) => None,
+        None => Reporter::from_env(args.report_socket.clone()),
+    };
     serve(listener, args, reporter, shutdown).await
 }
 
@@ -124,6 +163,10 @@ pub async fn serve(
     let start = Instant::now();
     let addr = listener.local_addr()?;
     let state = Arc::new(State {
+        pid: std::process::id(),
+        replica: std::env::var("HEARTH_REPLICA").unwrap_or_else(|_| "-".into()),
+        marks: args.marks.clone(),
+        marked: std::sync::atomic::AtomicBool::new(false),
         loaded: watch::Sender::new(false),
         hung: watch::Sender::new(false),
         fail_warmup: args.fail_warmup,
@@ -243,6 +286,65 @@ async fn load(load_time: Duration, read_file: Option<PathBuf>) -> anyhow::Result
     };
     let (_, read) = tokio::join!(tokio::time::sleep(load_time), read);
     read
+}
+
+/// The listening socket a parent toy server handed down (`--listen-fd`).
+fn inherited_listener(fd: i32) -> anyhow::Result<TcpListener> {
+    use std::os::fd::FromRawFd;
+    anyhow::ensure!(
+        fd > 2,
+        "--listen-fd must name an inherited socket, not stdio"
+    );
+    // SAFETY: the parent passed this descriptor for exactly this purpose; nothing else in this
+    // process owns it.
+    let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    std_listener.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(std_listener)?)
+}
+
+/// `--fork-worker`: starts this same server, detached in a session of its own, serving on our
+/// listening socket; it keeps the flags that shape answers and drops the ones that would end
+/// it early or fork again.
+fn fork_worker(listener: &TcpListener) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = listener.as_raw_fd();
+    let mut argv: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--fork-worker" => {}
+            // Values follow these: drop both.
+            "--crash-after" | "--hang-after" | "--load-time" | "--listen-fd" => {
+                args.next();
+            }
+            _ => argv.push(a),
+        }
+    }
+    argv.extend(["--listen-fd".into(), fd.to_string()]);
+    let exe = std::env::current_exe().context("finding the toy server's own binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: fcntl and setsid are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The listening socket is close-on-exec: this child keeps it.
+            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            nix::unistd::setsid()?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("forking the worker")?;
+    println!("toy-server: forked detached worker pid {}", child.id());
+    let _ = std::io::stdout().flush();
+    // Not waited for: it is meant to outlive us.
+    drop(child);
+    Ok(())
 }
 
 /// Wraps a task so dropping the handle aborts it.

@@ -24,6 +24,10 @@ pub fn args() -> ToyArgs {
         hang_after: None,
         read_file: None,
         report_socket: None,
+        fork_worker: false,
+        ignore_sigterm: false,
+        marks: None,
+        listen_fd: None,
     }
 }
 

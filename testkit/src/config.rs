@@ -13,6 +13,14 @@ fn list(items: &[String]) -> String {
     format!("[{}]", items.join(", "))
 }
 
+/// The name of the account this test runs as.
+pub fn current_user() -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+}
+
 /// `[model.liveness]`: GET /health.
 #[derive(Debug, Clone)]
 pub struct Liveness {
@@ -61,6 +69,9 @@ pub struct Model {
     pub command: Vec<String>,
     /// Besides the harness's mark.
     pub env: Vec<(String, String)>,
+    /// `user`: the presets name the account the test runs as, so that replicas reach what the
+    /// test prepares for them (a relay socket, a file) as before hearth ran models without
+    /// `user` unprivileged; [`Model::default_account`] leaves it out, as a user's file would.
     pub user: Option<String>,
     pub gpus: u32,
     pub gpu_memory: Option<String>,
@@ -91,7 +102,7 @@ impl Model {
             version: "1".into(),
             command,
             env: Vec::new(),
-            user: None,
+            user: current_user(),
             gpus: 0,
             gpu_memory: None,
             placement: None,
@@ -162,6 +173,19 @@ impl Model {
 
     pub fn drain_timeout(mut self, d: &str) -> Model {
         self.scaling.drain_timeout = Some(d.into());
+        self
+    }
+
+    /// No `user`: the replicas run as hearth's default account (unprivileged when the daemon
+    /// runs as root).
+    pub fn default_account(mut self) -> Model {
+        self.user = None;
+        self
+    }
+
+    /// `user = NAME`: the account its replicas run as.
+    pub fn user(mut self, name: &str) -> Model {
+        self.user = Some(name.to_string());
         self
     }
 

@@ -367,7 +367,8 @@ impl DaemonBuilder {
         });
         let block = crate::ports::ports(n);
         let dir = self.dir;
-        let reaper = Reaper::new(&dir.path().display().to_string());
+        let reaper = Reaper::new(&dir.path().display().to_string())
+            .with_cgroups_of(&dir.path().join("state"));
         let home = Home {
             socket: dir.path().join("hearth.sock"),
             config_path: dir.path().join("config.toml"),
@@ -409,9 +410,21 @@ pub struct Launch {
 impl Launch {
     /// Starts `hearth daemon --config …` in `home` without waiting for anything.
     pub fn spawn(self, home: Home) -> Daemon {
+        let (child, pid) = self.spawn_process(&home);
+        Daemon {
+            pid,
+            child,
+            started: Instant::now(),
+            home,
+            launch: self,
+        }
+    }
+
+    /// `hearth daemon --config …` for `home`: the process and its pid.
+    fn spawn_process(&self, home: &Home) -> (Option<Child>, i32) {
         let log = home.dir.path().join(LOG);
         let out = home.dir.path().join(OUT);
-        let mut argv = self.wrapper;
+        let mut argv = self.wrapper.clone();
         if self.watchdog_pid {
             // exec keeps the pid that $$ named.
             argv.extend(
@@ -436,8 +449,8 @@ impl Launch {
         cmd.env(k, v)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
-            .stdout(fs::File::create(&out).expect("the daemon's stdout file"))
-            .stderr(fs::File::create(&log).expect("the daemon's log file"))
+            .stdout(append(&out))
+            .stderr(append(&log))
             .process_group(0);
         let parent = getpid();
         // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
@@ -453,22 +466,36 @@ impl Launch {
                 Ok(())
             });
         }
-        let started = Instant::now();
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {argv:?}: {e}"));
-        Daemon {
-            pid: child.id() as i32,
-            child: Some(child),
-            started,
-            home,
-        }
+        let pid = child.id() as i32;
+        (Some(child), pid)
     }
 
     /// Starts the daemon and waits until its socket answers; panics, with its log, if it exits
     /// first or does not answer in time.
     pub fn start(self, home: Home) -> Daemon {
         let mut d = self.spawn(home);
+        d.wait_up();
+        d
+    }
+}
+
+/// A log file the daemon appends to: a restarted daemon's lines follow the earlier run's.
+fn append(path: &Path) -> fs::File {
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("the daemon's log file")
+}
+
+impl Daemon {
+    /// Waits until the socket answers; panics, with the log, if the daemon exits first or does
+    /// not answer in time.
+    fn wait_up(&mut self) {
+        let d = self;
         let up = poll(START_TIMEOUT, || {
             if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().expect("wait")) {
                 panic!(
@@ -486,7 +513,24 @@ impl Launch {
                 d.log()
             );
         }
-        d
+    }
+
+    /// Starts the daemon again, in the same directory with the same configuration and launch,
+    /// after its process has exited (a test killed it, or it stopped): what an earlier run left
+    /// is there for it to find. Waits for the socket. Replicas of the earlier run are not killed.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            assert!(
+                c.try_wait().expect("wait").is_some(),
+                "restart: the daemon (pid {}) still runs",
+                self.pid
+            );
+        }
+        let (child, pid) = self.launch.spawn_process(&self.home);
+        self.child = child;
+        self.pid = pid;
+        self.started = Instant::now();
+        self.wait_up();
     }
 }
 
@@ -495,6 +539,7 @@ pub struct Daemon {
     home: Home,
     child: Option<Child>,
     pid: i32,
+    launch: Launch,
     /// When the process was started.
     pub started: Instant,
 }

@@ -18,10 +18,13 @@
 //! it forks, and theirs), each rendered model's `env` (for servers started without the daemon's
 //! environment, and for an in-process daemon), and every CLI run. Dropping a [`Daemon`] or a
 //! [`Home`] SIGKILLs the daemon and reaps it, then kills every live process with the mark and
-//! its process group until none is left, and fails the test if one survives. The daemon also
+//! its process group until none is left, then kills and removes the daemon's replica cgroups
+//! ([`cgroups`]: a process that dropped the mark is still found there), and fails the test if one
+//! survives. The daemon also
 //! gets PR_SET_PDEATHSIG, so a test binary killed from outside takes its daemons along, and they
 //! take their replicas.
 
+pub mod cgroups;
 mod config;
 mod conn;
 mod daemon;
@@ -77,10 +80,16 @@ pub fn hearth() -> &'static Path {
     })
 }
 
-/// A temporary directory for a daemon: socket, state, config and logs.
+/// A temporary directory for a daemon: socket, state, config and logs. Searchable by everyone
+/// (0755): a daemon running as root runs replicas as an unprivileged account, which must reach
+/// the socket in it to report.
 pub fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
         .prefix("hearth-it-")
         .tempdir()
-        .expect("a temporary directory")
+        .expect("a temporary directory");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the temporary directory");
+    dir
 }

@@ -100,6 +100,8 @@ pub const MARK: &str = "HEARTH_TESTKIT_MARK";
 pub struct Reaper {
     value: String,
     entry: String,
+    /// The daemon's replica cgroups (hearth's cgroup2 subtree), if the host has them.
+    cgroups: Option<std::path::PathBuf>,
 }
 
 impl Reaper {
@@ -109,7 +111,14 @@ impl Reaper {
         Reaper {
             value: value.to_string(),
             entry: format!("{MARK}={value}"),
+            cgroups: None,
         }
+    }
+
+    /// Also sweeps the replica cgroups of the daemon whose state_dir is `state_dir`.
+    pub fn with_cgroups_of(mut self, state_dir: &std::path::Path) -> Reaper {
+        self.cgroups = crate::cgroups::subtree(state_dir);
+        self
     }
 
     /// The variable to set in a process's environment: (name, value).
@@ -123,8 +132,17 @@ impl Reaper {
     }
 
     /// SIGKILLs every marked process, and its process group, until none is left or 10 s pass;
-    /// returns what survived.
+    /// then every process in the daemon's replica cgroups, which it removes. Returns what
+    /// survived.
     pub fn kill_all(&self) -> Vec<i32> {
+        let left = self.kill_marked();
+        if let Some(dir) = &self.cgroups {
+            crate::cgroups::kill_and_remove(dir);
+        }
+        left
+    }
+
+    fn kill_marked(&self) -> Vec<i32> {
         let ours = getpgrp();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -162,4 +180,23 @@ impl Drop for Reaper {
             panic!("{msg}");
         }
     }
+}
+
+/// The real uid of a process (/proc/PID/status).
+pub fn uid(pid: i32) -> Option<u32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A process's cgroup v2 path (the `0::` line of /proc/PID/cgroup).
+pub fn cgroup(pid: i32) -> Option<String> {
+    let s = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
 }

@@ -51,24 +51,24 @@ fn design_example_parses_with_documented_values() {
 
     assert_eq!(c.models.len(), 1);
     let m = c.model("llama-8b").expect("model by name");
-    assert_eq!(m.version, "1");
+    assert_eq!(m.launch.version, "1");
     assert_eq!(
-        m.command,
+        m.launch.command,
         vec!["vllm", "serve", "/models/llama-8b", "--port", "{port}"]
     );
     assert_eq!(
-        m.env.get("HF_HOME").map(String::as_str),
+        m.launch.env.get("HF_HOME").map(String::as_str),
         Some("/models/cache")
     );
-    assert_eq!(m.user.as_deref(), Some("hearth-model"));
-    assert_eq!(m.gpus, 1);
-    assert_eq!(m.gpu_memory, Some(40 << 30));
-    assert_eq!(m.placement, Placement::Pack);
+    assert_eq!(m.launch.user.as_deref(), Some("hearth-model"));
+    assert_eq!(m.launch.gpus, 1);
+    assert_eq!(m.launch.gpu_memory, Some(40 << 30));
+    assert_eq!(m.launch.placement, Placement::Pack);
     assert_eq!(m.priority, 0);
     assert_eq!(m.stop_grace, Duration::from_secs(30));
-    assert!(m.prefetch.is_empty());
+    assert!(m.launch.prefetch.is_empty());
 
-    let w = &m.warmup;
+    let w = &m.launch.warmup;
     assert_eq!(w.method, "POST");
     assert_eq!(w.url, "http://127.0.0.1:{port}/v1/completions");
     assert_eq!(
@@ -146,17 +146,17 @@ fn a_file_of_no_models_gives_all_defaults() {
 fn minimal_model_gets_defaults() {
     let c = parse(&model("m")).unwrap();
     let m = &c.models[0];
-    assert_eq!(m.version, "1");
-    assert!(m.env.is_empty());
-    assert_eq!(m.user, None);
-    assert_eq!(m.gpus, 1);
-    assert_eq!(m.gpu_memory, None);
-    assert_eq!(m.placement, Placement::Pack);
+    assert_eq!(m.launch.version, "1");
+    assert!(m.launch.env.is_empty());
+    assert_eq!(m.launch.user, None);
+    assert_eq!(m.launch.gpus, 1);
+    assert_eq!(m.launch.gpu_memory, None);
+    assert_eq!(m.launch.placement, Placement::Pack);
     assert_eq!(m.priority, 0);
     assert_eq!(m.stop_grace, Duration::from_secs(30));
-    assert!(m.prefetch.is_empty());
+    assert!(m.launch.prefetch.is_empty());
     assert_eq!(
-        m.warmup,
+        m.launch.warmup,
         WarmupConfig {
             method: "POST".into(),
             url: "http://127.0.0.1:{port}/v1/completions".into(),
@@ -206,10 +206,10 @@ fn optional_sections_get_defaults_and_variants_parse() {
     assert_eq!(c.gpus.devices[0].name, "H100");
     assert_eq!(c.gpus.devices[0].memory, 80_000_000_000);
     let m = &c.models[0];
-    assert_eq!(m.placement, Placement::Spread);
-    assert_eq!(m.gpus, 0);
+    assert_eq!(m.launch.placement, Placement::Spread);
+    assert_eq!(m.launch.gpus, 0);
     assert_eq!(m.priority, -3);
-    assert_eq!(m.prefetch, vec!["/models/x/*.safetensors"]);
+    assert_eq!(m.launch.prefetch, vec!["/models/x/*.safetensors"]);
     let l = m.liveness.as_ref().unwrap();
     assert_eq!(
         (l.interval, l.timeout, l.failures),
@@ -506,7 +506,10 @@ fn liveness_warmup_and_zero_timeouts() {
         );
     }
     let text = format!("{}expect_status = 204\n", model_w("a"));
-    assert_eq!(parse(&text).unwrap().models[0].warmup.expect_status, 204);
+    assert_eq!(
+        parse(&text).unwrap().models[0].launch.warmup.expect_status,
+        204
+    );
 }
 
 #[test]

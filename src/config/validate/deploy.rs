@@ -53,10 +53,11 @@ impl Cx<'_> {
     /// `$HEARTH_PORT` (a shell line).
     fn port_is_passed(&self, m: &ModelConfig, mark: &Marks) -> Res<()> {
         let passed = m
+            .launch
             .command
             .iter()
             .any(|a| has_port(a) || a.contains("HEARTH_PORT"))
-            || m.env.values().any(|v| has_port(v));
+            || m.launch.env.values().any(|v| has_port(v));
         if passed {
             return Ok(());
         }
@@ -104,36 +105,36 @@ impl Cx<'_> {
         let never = "the model would wait in no_capacity for as long as the daemon runs";
         let mut asks: Vec<(usize, fit::Demand)> = Vec::new();
         for (i, (m, mark)) in models.iter().zip(marks).enumerate() {
-            if m.gpus == 0 || m.scaling.min == 0 {
+            if m.launch.gpus == 0 || m.scaling.min == 0 {
                 continue;
             }
             let d = fit::Demand {
                 replicas: m.scaling.min,
-                gpus: m.gpus,
-                bytes: m.gpu_memory,
+                gpus: m.launch.gpus,
+                bytes: m.launch.gpu_memory,
             };
-            if m.gpus as usize > devices.len() {
+            if m.launch.gpus as usize > devices.len() {
                 return Err(self.err(
                     &join(&mark.key, "gpus"),
                     mark.gpus.clone(),
                     format!(
                         "each replica needs {} GPUs but {} device(s) are declared ({}); {never}",
-                        m.gpus,
+                        m.launch.gpus,
                         devices.len(),
                         devices.describe()
                     ),
                 ));
             }
-            if let Some(b) = m.gpu_memory {
+            if let Some(b) = m.launch.gpu_memory {
                 let large = devices.at_least(b);
-                if large < u64::from(m.gpus) {
+                if large < u64::from(m.launch.gpus) {
                     return Err(self.err(
                         &join(&mark.key, "gpu_memory"),
                         mark.gpu_memory.clone(),
                         format!(
                             "each replica needs {} device(s) with {} free; {large} of the \
                              declared devices ({}) are that large; {never}",
-                            m.gpus,
+                            m.launch.gpus,
                             short_bytes(b),
                             devices.describe()
                         ),

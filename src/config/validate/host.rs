@@ -68,7 +68,7 @@ fn program_resolves(m: &ModelConfig) -> Result<(), String> {
         model: m.name.clone(),
         ..Placeholders::default()
     };
-    let Some(program) = m.command.first() else {
+    let Some(program) = m.launch.command.first() else {
         return Ok(());
     };
     if !known_now(program) {
@@ -92,7 +92,7 @@ fn program_resolves(m: &ModelConfig) -> Result<(), String> {
             Some(why) => Err(format!("{program:?} {}", why.why())),
         };
     }
-    let (search, whose): (OsString, &str) = match m.env.get("PATH") {
+    let (search, whose): (OsString, &str) = match m.launch.env.get("PATH") {
         Some(p) if known_now(p) => (expand(p, &vars).into(), "this model's env.PATH"),
         Some(_) => return Ok(()),
         None => (

@@ -10,8 +10,8 @@ use crate::config::raw::{
     index, join, Opt, RawLiveness, RawModel, RawScaling, RawSignal, RawWarmup, Templates,
 };
 use crate::config::{
-    LivenessConfig, ModelConfig, Placement, ScalingConfig, ScrapeFormat, SignalConfig, WarmPool,
-    WarmupConfig,
+    defaults, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig, ScrapeFormat,
+    SignalConfig, WarmPool, WarmupConfig,
 };
 
 /// `env` or `headers` as the typed config holds them.
@@ -114,7 +114,7 @@ impl Cx<'_> {
             Some(s) => Some(self.size(&k("gpu_memory"), s)?),
         };
         let placement = match &raw.placement {
-            None => Placement::Pack,
+            None => defaults::placement(),
             Some(s) => self.choice(
                 &k("placement"),
                 s,
@@ -151,12 +151,11 @@ impl Cx<'_> {
             min: min_at,
             urls,
         };
-        let config = ModelConfig {
-            name: name.get_ref().clone(),
+        let launch = LaunchSpec {
             version: raw
                 .version
                 .map(Spanned::into_inner)
-                .unwrap_or_else(|| "1".to_string()),
+                .unwrap_or_else(defaults::version),
             command: command
                 .get_ref()
                 .iter()
@@ -164,13 +163,20 @@ impl Cx<'_> {
                 .collect(),
             env: plain(&raw.env),
             user: raw.user.map(Spanned::into_inner),
-            gpus: raw.gpus.map(Spanned::into_inner).unwrap_or(1),
+            gpus: raw
+                .gpus
+                .map(Spanned::into_inner)
+                .unwrap_or_else(defaults::gpus),
             gpu_memory,
             placement,
-            priority: raw.priority.map(Spanned::into_inner).unwrap_or(0),
-            stop_grace,
             prefetch: raw.prefetch.map(Spanned::into_inner).unwrap_or_default(),
             warmup,
+        };
+        let config = ModelConfig {
+            name: name.get_ref().clone(),
+            launch,
+            priority: raw.priority.map(Spanned::into_inner).unwrap_or(0),
+            stop_grace,
             liveness,
             signal,
             scaling,
@@ -210,7 +216,7 @@ impl Cx<'_> {
             "the URL of the warm-up request, e.g. \"http://127.0.0.1:{port}/v1/completions\"",
         )?;
         let method = match &raw.method {
-            None => "POST".to_string(),
+            None => defaults::warmup_method(),
             Some(m) => {
                 let method = m.get_ref();
                 if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
@@ -237,7 +243,7 @@ impl Cx<'_> {
             }
         }
         let expect_status = match &raw.expect_status {
-            None => 200,
+            None => defaults::warmup_expect_status(),
             Some(s) => match u16::try_from(*s.get_ref()) {
                 Ok(code) if (100..=599).contains(&code) => code,
                 _ => {
@@ -256,16 +262,20 @@ impl Cx<'_> {
             headers: plain(&raw.headers),
             expect_status,
             expect_body: raw.expect_body.as_ref().map(|b| b.get_ref().clone()),
-            timeout: self.nonzero_duration(&k("timeout"), &raw.timeout, Duration::from_secs(30))?,
+            timeout: self.nonzero_duration(
+                &k("timeout"),
+                &raw.timeout,
+                defaults::warmup_timeout(),
+            )?,
             startup_timeout: self.nonzero_duration(
                 &k("startup_timeout"),
                 &raw.startup_timeout,
-                Duration::from_secs(600),
+                defaults::warmup_startup_timeout(),
             )?,
             recheck: self.nonzero_duration(
                 &k("recheck"),
                 &raw.recheck,
-                Duration::from_secs(300),
+                defaults::warmup_recheck(),
             )?,
         })
     }
