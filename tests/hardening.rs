@@ -23,7 +23,11 @@ fn refused(d: &mut Daemon) -> String {
         .unwrap_or_else(|| panic!("the daemon did not exit:\n{}", d.log()));
     assert_eq!(st.code(), Some(1), "{}", d.log());
     assert!(
-        !d.socket.exists() || !std::fs::symlink_metadata(&d.socket).unwrap().file_type().is_socket_like(),
+        !d.socket.exists()
+            || !std::fs::symlink_metadata(&d.socket)
+                .unwrap()
+                .file_type()
+                .is_socket_like(),
         "no socket bound"
     );
     d.log()
@@ -51,7 +55,11 @@ fn a_state_dir_others_can_write_in_is_refused_and_nothing_starts() {
         log.contains("daemon.state_dir") && log.contains("writable by every user"),
         "{log}"
     );
-    assert!(d.marked().len() <= 1, "no replica started: {:?}", d.marked());
+    assert!(
+        d.marked().len() <= 1,
+        "no replica started: {:?}",
+        d.marked()
+    );
 }
 
 #[test]
@@ -223,7 +231,11 @@ fn watch_refusals_keep_the_connection_and_lines_sent_while_watching_are_refused(
 fn no_request_is_amplified_and_unknown_fields_are_refused_on_every_op() {
     let d = Daemon::start([Model::toy("toy", &[]).scale(1, 2, 0)]);
     let mut c = Conn::connect(&d.socket).unwrap();
-    for line in [r#"{"op":"version","x":1}"#, r#"{"op":"gpus","verbose":true}"#, r#"{"op":"reload","now":1}"#] {
+    for line in [
+        r#"{"op":"version","x":1}"#,
+        r#"{"op":"gpus","verbose":true}"#,
+        r#"{"op":"reload","now":1}"#,
+    ] {
         let a = c.call(&serde_json::from_str(line).unwrap()).unwrap();
         assert_eq!(a["error"], json!("bad_request"), "{line}: {a}");
     }
@@ -288,7 +300,10 @@ fn connections_past_the_cap_are_told_busy_and_a_half_written_line_times_out() {
         .unwrap_or_else(|e| panic!("{e}: {answer:?}\n{}", d.log_tail(40)));
     let a: Value = serde_json::from_str(answer.trim()).unwrap();
     assert_eq!(a["error"], json!("busy"), "{a}");
-    assert!(a["message"].as_str().unwrap().contains("too many connections"));
+    assert!(a["message"]
+        .as_str()
+        .unwrap()
+        .contains("too many connections"));
     // One leaves: room again.
     held.pop();
     wait_until("room after one left", Duration::from_secs(10), || {
@@ -300,13 +315,17 @@ fn connections_past_the_cap_are_told_busy_and_a_half_written_line_times_out() {
     // Half a line, then nothing: answered and closed once LINE_TIMEOUT (10 s) has passed.
     let mut slow = UnixStream::connect(&d.socket).unwrap();
     slow.write_all(b"{\"op\":\"vers").unwrap();
-    slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let t = Instant::now();
     let mut rest = String::new();
     slow.read_to_string(&mut rest).unwrap();
     let a: Value = serde_json::from_str(rest.trim()).unwrap();
     assert_eq!(a["error"], json!("bad_request"), "{a}");
-    assert!(a["message"].as_str().unwrap().contains("within 10 s"), "{a}");
+    assert!(
+        a["message"].as_str().unwrap().contains("within 10 s"),
+        "{a}"
+    );
     assert!(t.elapsed() >= Duration::from_secs(9), "{:?}", t.elapsed());
     assert_eq!(d.request(json!({"op": "version"}))["ok"], json!(true));
 }
@@ -315,7 +334,10 @@ fn connections_past_the_cap_are_told_busy_and_a_half_written_line_times_out() {
 fn drain_of_the_last_routed_replica_keeps_one_routed() {
     let d = Daemon::start([Model::toy("toy", &["--load-time", "300ms"]).scale(1, 3, 0)]);
     d.wait_settled("toy", 1, 0, Duration::from_secs(20));
-    let first = d.in_state("toy", "routed")[0]["id"].as_str().unwrap().to_string();
+    let first = d.in_state("toy", "routed")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let w = d.watch(Some("toy"));
     w.wait_for(0, Duration::from_secs(10), |e| e["event"] == "routed")
         .expect("the snapshot");
@@ -326,7 +348,10 @@ fn drain_of_the_last_routed_replica_keeps_one_routed() {
     })
     .unwrap_or_else(|| panic!("{first} never drained:\n{}", d.log()));
     let sets = w.routed_sets("toy");
-    assert!(sets.iter().all(|s| !s.is_empty()), "routed dropped to 0: {sets:?}");
+    assert!(
+        sets.iter().all(|s| !s.is_empty()),
+        "routed dropped to 0: {sets:?}"
+    );
     let now = d.in_state("toy", "routed");
     assert_eq!(now.len(), 1);
     assert_ne!(now[0]["id"], json!(first));

@@ -305,7 +305,16 @@ async fn connection(
             return;
         }
         if let Some((request, model)) = watching {
-            if !watch(&mut reader, &mut write, &control, &mut who, request, model, &shutdown).await
+            if !watch(
+                &mut reader,
+                &mut write,
+                &control,
+                &mut who,
+                request,
+                model,
+                &shutdown,
+            )
+            .await
             {
                 return;
             }
@@ -443,7 +452,9 @@ async fn watch(
     if !conn::write(write, out.as_bytes()).await {
         return false;
     }
-    let watched = model.as_deref().map_or("every model".to_string(), protocol::quote);
+    let watched = model
+        .as_deref()
+        .map_or("every model".to_string(), protocol::quote);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return false,

@@ -187,7 +187,10 @@ mod tests {
         std::fs::create_dir(&d).unwrap();
         chmod(&d, 0o777);
         let e = secure_dir(&d, 0o700, "state_dir").unwrap_err().to_string();
-        assert!(e.contains("writable by every user") && e.contains("0777"), "{e}");
+        assert!(
+            e.contains("writable by every user") && e.contains("0777"),
+            "{e}"
+        );
         assert!(e.starts_with(&format!("state_dir {}", d.display())), "{e}");
         // Sticky does not make the directory itself safe: others could plant files in it.
         chmod(&d, 0o1777);

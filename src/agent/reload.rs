@@ -19,7 +19,6 @@ use crate::core::{Event, NewConfig, ReloadCause};
 /// (a hung network filesystem) fails the reload; the daemon goes on meanwhile.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-
 /// What a reload may not change without a restart: the socket and the metrics listener are
 /// bound, the state directory was read, the inventory was opened at start.
 #[derive(Debug)]

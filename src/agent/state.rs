@@ -148,10 +148,7 @@ impl Saver {
                         latest = newer;
                     }
                     if let Err(e) = save(&state_dir, &latest) {
-                        tracing::error!(
-                            "saving scale overrides in {}: {e}",
-                            state_dir.display()
-                        );
+                        tracing::error!("saving scale overrides in {}: {e}", state_dir.display());
                     }
                 }
             });
@@ -241,7 +238,11 @@ max = 4
         for (text, _why) in cases {
             let d = dir();
             std::fs::write(path(d.path()), text).unwrap();
-            assert_eq!(load(d.path(), &config()).unwrap(), BTreeMap::new(), "{text}");
+            assert_eq!(
+                load(d.path(), &config()).unwrap(),
+                BTreeMap::new(),
+                "{text}"
+            );
             let aside: Vec<_> = std::fs::read_dir(d.path())
                 .unwrap()
                 .map(|e| e.unwrap().file_name().into_string().unwrap())

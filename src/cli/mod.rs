@@ -295,9 +295,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             },
             Render::Quiet,
         ),
-        Command::Drain { replica, force, .. } => {
-            (Request::Drain { replica, force }, Render::Quiet)
-        }
+        Command::Drain { replica, force, .. } => (Request::Drain { replica, force }, Render::Quiet),
         Command::Cordon {
             gpu,
             reason,

@@ -171,7 +171,10 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
         },
     ] {
         let e = ok(bad.clone()).unwrap_err();
-        assert!(e.contains("model a") || e.contains("add up"), "{bad:?}: {e}");
+        assert!(
+            e.contains("model a") || e.contains("add up"),
+            "{bad:?}: {e}"
+        );
     }
     // A model the file no longer names: its overrides are no one's.
     let stray = BTreeMap::from([(
@@ -204,9 +207,9 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
     assert_eq!(scale(&mut h, "a", None, Some(60))["ok"], true);
     let narrow = two_models().replace("30000-30099", "30000-30039");
     let out = h.reload(&narrow);
-    let refused = out.iter().any(|a| {
-        matches!(a, Action::ReloadDone { applied: None, .. })
-    });
+    let refused = out
+        .iter()
+        .any(|a| matches!(a, Action::ReloadDone { applied: None, .. }));
     assert!(refused, "{out:?}");
     let said = out.iter().any(|a| {
         matches!(a, Action::Log { level: LogLevel::Error, message, .. }
@@ -214,7 +217,11 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
                 && message.contains("--reset"))
     });
     assert!(said, "{out:?}");
-    assert_eq!(h.node.config().daemon.ports.last, 30099, "the running file stays");
+    assert_eq!(
+        h.node.config().daemon.ports.last,
+        30099,
+        "the running file stays"
+    );
     let a = h.request(
         Peer::trusted(),
         Request::Scale {
@@ -228,8 +235,13 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
     assert_eq!(a["ok"], true, "{a}");
     let out = h.reload(&narrow);
     assert!(
-        out.iter()
-            .any(|a| matches!(a, Action::ReloadDone { applied: Some(_), .. })),
+        out.iter().any(|a| matches!(
+            a,
+            Action::ReloadDone {
+                applied: Some(_),
+                ..
+            }
+        )),
         "{out:?}"
     );
     assert_eq!(h.node.config().daemon.ports.last, 30039);
@@ -254,7 +266,10 @@ fn routed(h: &Harness) -> Vec<ReplicaId> {
 
 #[test]
 fn drain_at_min_promotes_a_warm_replica_first() {
-    let mut h = Harness::new(&format!("{BASE}{}", model("m", "", "min = 1\nmax = 4\nwarm_pool = 1")));
+    let mut h = Harness::new(&format!(
+        "{BASE}{}",
+        model("m", "", "min = 1\nmax = 4\nwarm_pool = 1")
+    ));
     let first = h.log.clone();
     h.settle(first);
     let r = routed(&h)[0].clone();
@@ -280,7 +295,11 @@ fn drain_at_min_without_a_warm_replica_starts_one_and_drains_once_it_is_routed()
     assert_eq!(a["ok"], true, "{a}");
     let asked = h.log[before..].to_vec();
     assert_eq!(spawns(&asked), 1, "a replacement is started");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Routed, "still serving");
+    assert_eq!(
+        h.node.replicas[&r].state,
+        ReplicaState::Routed,
+        "still serving"
+    );
     assert!(h.node.replicas[&r].reason.contains("drain asked"));
     // It keeps serving until the replacement passed its warm-up and is routed in its place.
     h.run_for(Duration::from_secs(2));
@@ -305,8 +324,15 @@ fn drain_at_min_with_no_room_for_a_replacement_is_refused_unless_forced() {
     let a = drain(&mut h, &r, false);
     assert_eq!(a["error"], "bad_request", "{a}");
     let msg = a["message"].as_str().unwrap();
-    assert!(msg.contains("below min 2") && msg.contains("--force"), "{msg}");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Routed, "nothing changed");
+    assert!(
+        msg.contains("below min 2") && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(
+        h.node.replicas[&r].state,
+        ReplicaState::Routed,
+        "nothing changed"
+    );
     assert!(!h.node.replicas[&r].drain_asked);
     let a = drain(&mut h, &r, true);
     assert_eq!(a["ok"], true, "{a}");
@@ -345,7 +371,10 @@ fn reports_with_absurd_numbers_are_refused_and_change_nothing() {
     };
     let cases: Vec<(&str, Request)> = vec![
         ("oldest_wait_ms", rep(&|r| r.oldest_wait_ms = Some(1e19))),
-        ("oldest_wait_ms", rep(&|r| r.oldest_wait_ms = Some(f64::MAX))),
+        (
+            "oldest_wait_ms",
+            rep(&|r| r.oldest_wait_ms = Some(f64::MAX)),
+        ),
         ("in_flight", rep(&|r| r.in_flight = Some(4_294_967_296))),
         ("queue_depth", rep(&|r| r.queue_depth = Some(u64::MAX))),
         ("arrived", rep(&|r| r.arrived = Some(u64::MAX - 1))),
@@ -423,10 +452,7 @@ fn answers_quote_little_of_what_they_were_sent() {
                 force: false,
             },
         ),
-        h.request(
-            Peer::trusted(),
-            Request::Uncordon { gpu: long.clone() },
-        ),
+        h.request(Peer::trusted(), Request::Uncordon { gpu: long.clone() }),
         h.request(
             Peer::trusted(),
             Request::Cordon {

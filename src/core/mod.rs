@@ -26,14 +26,14 @@ mod overrides;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
-#[cfg(test)]
-mod prop_tests;
 mod ports;
 mod prefetch;
 mod probes;
 mod processes;
 #[cfg(test)]
 mod processes_tests;
+#[cfg(test)]
+mod prop_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -53,8 +53,8 @@ pub use event::{
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;
-pub use overrides::check as check_overrides;
 pub use node::Node;
+pub use overrides::check as check_overrides;
 pub use replica::{ReplicaId, ReplicaState};
 
 use std::ops::{Add, Sub};

@@ -153,7 +153,12 @@ impl Node {
             ) else {
                 break;
             };
-            self.begin_drain(&id, "drained by operator: its replacement is routed", now, out);
+            self.begin_drain(
+                &id,
+                "drained by operator: its replacement is routed",
+                now,
+                out,
+            );
             c.leaving -= 1;
         }
 

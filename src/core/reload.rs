@@ -101,14 +101,16 @@ impl Node {
         // The scale overrides in force must fit the new file too (its ports, its models' max);
         // else the file is refused like a bad one and the operator told how to make room.
         let overrides = self.overrides();
-        let read = read.and_then(|new| match super::overrides::check(&new.config, &overrides) {
-            Ok(()) => Ok(new),
-            Err(why) => Err(format!(
-                "{}: {why}; widen daemon.ports, or clear an override with `hearth scale MODEL \
+        let read = read.and_then(
+            |new| match super::overrides::check(&new.config, &overrides) {
+                Ok(()) => Ok(new),
+                Err(why) => Err(format!(
+                    "{}: {why}; widen daemon.ports, or clear an override with `hearth scale MODEL \
                  --reset`",
-                new.config.path.display()
-            )),
-        });
+                    new.config.path.display()
+                )),
+            },
+        );
         let answer = match read {
             _ if self.shutdown.is_some() => {
                 out.push(Action::ReloadDone {

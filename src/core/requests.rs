@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::event::LogLevel;
 use super::event::{Action, Peer, RequestId};
 use super::model::{ModelState, Overrides};
 use super::node::Node;
@@ -9,7 +10,6 @@ use super::policy::Decision;
 use super::replica::{ReplicaId, ReplicaState};
 use super::signal::Sample;
 use super::Time;
-use super::event::LogLevel;
 use crate::protocol::{
     self, quote, Answer, ErrorCode, Failure, Report, Request, Response, Role, WatchEvent,
     MAX_REASON,
@@ -31,7 +31,10 @@ fn no_model(name: &str) -> Failure {
 }
 
 fn no_replica(id: &str) -> Failure {
-    Failure::new(ErrorCode::UnknownReplica, format!("no replica {}", quote(id)))
+    Failure::new(
+        ErrorCode::UnknownReplica,
+        format!("no replica {}", quote(id)),
+    )
 }
 
 impl Node {
@@ -107,9 +110,9 @@ impl Node {
                 Ok(Response::Watching { snapshot })
             }
             Request::Report(report) => self.report(peer, report, now, out).map(|_| DONE),
-            Request::Drain { replica, force } => self
-                .drain_request(&replica, force, now, out)
-                .map(|_| DONE),
+            Request::Drain { replica, force } => {
+                self.drain_request(&replica, force, now, out).map(|_| DONE)
+            }
             Request::Scale {
                 model,
                 min,
@@ -299,7 +302,8 @@ impl Node {
                     ));
                 } else if let Some(r) = self.replicas.get_mut(&rid) {
                     r.drain_asked = true;
-                    r.reason = format!("drain asked: drains once a replacement is routed (min {min})");
+                    r.reason =
+                        format!("drain asked: drains once a replacement is routed (min {min})");
                     self.log(
                         LogLevel::Info,
                         &model,
@@ -339,7 +343,9 @@ impl Node {
             return Err("no free port in daemon.ports".into());
         }
         let c = m.launch_spec();
-        self.gpus.place(c.gpus, c.gpu_memory, c.placement).map(|_| ())
+        self.gpus
+            .place(c.gpus, c.gpu_memory, c.placement)
+            .map(|_| ())
     }
 
     fn scale_request(
