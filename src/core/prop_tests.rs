@@ -6,7 +6,8 @@
 //!
 //! - no panic;
 //! - bounded work: the actions of one event, and the replicas alive, are bounded by what the
-//!   port range can hold, never by a number a client sent;
+//!   port range can hold, and an answer's size by the replicas and models, never by a number or
+//!   a string a client sent;
 //! - ports and GPU reservations match the live replicas exactly;
 //! - a replica is routed only after a warm-up passed (one this test sent);
 //!
@@ -97,8 +98,8 @@ fn configs() -> Vec<String> {
                 "1"
             )
         )
-        .replace("drain_timeout = \"30s\"", "drain_timeout = \"5000000000000000h\"")
-        .replace("stop_grace = \"5s\"", "stop_grace = \"5000000000000h\""),
+        .replace("drain_timeout = \"30s\"", "drain_timeout = \"5124095576030431h\"")
+        .replace("stop_grace = \"5s\"", "stop_grace = \"5124095576030431h\""),
     ]
 }
 
@@ -271,6 +272,8 @@ fn model_name(w: &World, m: u8) -> String {
     let names: Vec<&String> = w.node.models.keys().collect();
     match names.get(usize::from(m) % (names.len() + 1)) {
         Some(n) => (*n).clone(),
+        // A name as long as a request line can carry: its answer must not echo it.
+        None if m == u8::MAX => "m".repeat(60_000),
         None => format!("nope-{m}"),
     }
 }
@@ -278,6 +281,9 @@ fn model_name(w: &World, m: u8) -> String {
 /// A live replica by number, or (past them) one that does not exist.
 fn replica(w: &World, i: u8) -> ReplicaId {
     let ids: Vec<&ReplicaId> = w.node.replicas.keys().collect();
+    if i == u8::MAX {
+        return ReplicaId("r".repeat(60_000));
+    }
     if ids.is_empty() || i >= 240 {
         return ReplicaId(format!("a-{}", 900 + u32::from(i)));
     }
@@ -336,6 +342,18 @@ impl World {
             "{} actions for one event (bound {work_bound})",
             out.len()
         );
+        // What goes back on the socket: sized by the replicas and models (a status lists
+        // them), never by what the request carried.
+        let reply_bound = 4096 + 1024 * (after + self.node.models.len());
+        for a in &out {
+            if let Action::Reply { answer, .. } = a {
+                let line = crate::protocol::encode_answer(answer).len();
+                assert!(
+                    line <= reply_bound,
+                    "a {line}-byte answer (bound {reply_bound})"
+                );
+            }
+        }
         for a in &out {
             if let Action::Publish(WatchEvent::Replica {
                 replica,

@@ -494,4 +494,6 @@ pub(crate) fn wire_name<T: Serialize>(v: &T) -> String {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
