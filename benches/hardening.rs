@@ -145,7 +145,19 @@ fn main() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let rss_held = rss_kib(pid).unwrap_or(0);
-    let during = status_latencies(&d.socket, 20);
+    // An operator's `status` meanwhile: answered, or refused as busy (the connection cap).
+    let (mut answered, mut busy_refusals) = (Vec::new(), 0);
+    for _ in 0..20 {
+        let t = Instant::now();
+        let a = request(&d.socket, &json!({"op":"status","model":"hb"}));
+        if a["ok"] == json!(true) {
+            answered.push(ms(t.elapsed()));
+        } else {
+            busy_refusals += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    answered.sort_by(f64::total_cmp);
     println!(
         "  {} connected ({} refused at connect) in {:.1} s; RSS {} KiB before, {} KiB while \
          held (+{} KiB)",
@@ -156,7 +168,8 @@ fn main() {
         rss_held,
         rss_held.saturating_sub(rss0)
     );
-    show("status while they hold", &during);
+    show("status while they hold (answered)", &answered);
+    println!("  status refused while they hold: {busy_refusals} of 20");
     drop(held);
     // The daemon frees as the connections close; wait for RSS to settle.
     let mut rss_after = rss_kib(pid).unwrap_or(0);
