@@ -54,7 +54,7 @@ pub fn replicas_needed(
     };
     let mu_slot = cap.mu / slots as f64;
     let mut n = ((lambda / cap.mu).ceil() as u32).max(1);
-    while n < limit && wait_tail(lambda, n * slots, mu_slot, target) > tail {
+    while n < limit && wait_tail(lambda, n.saturating_mul(slots), mu_slot, target) > tail {
         n += 1;
     }
     n.min(limit)

@@ -35,6 +35,9 @@ const MU_MEMORY: Duration = Duration::from_secs(600);
 const MU_EVIDENCE: f64 = 20.0;
 /// Cold starts remembered for time-to-ready.
 const READY_TIMES: usize = 8;
+/// The most requests one replica is taken to run at once, whatever a report says (vLLM's
+/// `max_num_seqs` is 256 by default and 1,024 on the largest GPUs).
+pub const MAX_SLOTS: u64 = 1024;
 /// How long a peak of arrival-rate growth counts when sizing the automatic pool.
 const GROWTH_MEMORY: Duration = Duration::from_secs(3600);
 /// Growth of the arrival rate is measured over this span.
@@ -147,7 +150,9 @@ impl Autoscaler {
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
     pub fn observe_replica(&mut self, queue_depth: u64, in_flight: u64) {
-        let running = in_flight.saturating_sub(queue_depth) as u32;
+        // Capped: the Erlang-C estimate costs O(replicas × slots), and a report may claim a
+        // million at once; no model server runs more than `MAX_SLOTS` per replica.
+        let running = in_flight.saturating_sub(queue_depth).min(MAX_SLOTS) as u32;
         self.max_running = self.max_running.max(running);
         if queue_depth > 0 {
             self.slots = Some(self.slots.map_or(running, |s| s.max(running)));

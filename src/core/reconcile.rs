@@ -305,6 +305,10 @@ impl Node {
         for m in self.models.keys() {
             blocked.insert(m.clone(), None);
         }
+        // Once the pool has no port, it has none for the rest of this pass (nothing is given
+        // back here): the others are not scanned for one, so a pass costs O(pending), not
+        // O(pending × ports).
+        let mut ports_left = true;
         for (_, _, _, id) in pending {
             let Some(r) = self.replicas.get(&id) else {
                 continue;
@@ -345,7 +349,8 @@ impl Node {
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
             };
-            let Some(port) = self.ports.take() else {
+            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
+                ports_left = false;
                 r.reason = "no free port in daemon.ports".into();
                 continue;
             };
