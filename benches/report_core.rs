@@ -131,7 +131,7 @@ fn main() {
     let n = 20_000;
     let t = Instant::now();
     for _ in 0..n {
-        core.request(Request::Version);
+        core.request(Request::Version {});
     }
     println!(
         "  version request (reconcile + routed-set check only): {:.2} µs per event",

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use hearth::agent::{control, daemon::Daemon, inventory, logging, metrics, notify::Notifier};
+use hearth::agent::{
+    control, daemon::Daemon, inventory, logging, metrics, notify::Notifier, paths,
+};
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::{Checks, Config};
 
@@ -100,6 +102,8 @@ fn daemon(path: &Path) -> ExitCode {
             Some(addr) => Some(metrics::bind(addr).await?),
             None => None,
         };
+        // Before anything is created there: a directory another user could write in is refused.
+        paths::secure_dir(&config.daemon.state_dir, 0o700, "daemon.state_dir")?;
         let listener = control::bind(&config.daemon.socket)?;
         tracing::info!("listening on {}", config.daemon.socket.display());
         let (stop_tx, stop_rx) = mpsc::channel(4);

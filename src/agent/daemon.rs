@@ -74,6 +74,60 @@ enum Wake {
     Hangup,
     Watchdog,
     Tick,
+    /// The shutdown's last deadline passed with replicas still alive.
+    Deadline,
+}
+
+/// Where the loop's wake-ups come from, and in which order it takes them when several are ready.
+struct Sources {
+    stop: mpsc::Receiver<bool>,
+    hup: mpsc::Receiver<()>,
+    watchdog: Option<tokio::time::Interval>,
+    /// Reports and the workers' events.
+    inbox: mpsc::Receiver<ShellMsg>,
+    /// Operators' requests (status, scale, watch…) and metrics snapshots.
+    operators: mpsc::Receiver<ShellMsg>,
+    /// Which of the two queues goes first next time: they take turns.
+    operators_first: bool,
+    /// After a shutdown began: exit even if replicas are still alive.
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Sources {
+    /// The next wake-up. Signals, the watchdog, the shutdown deadline and the timer come before
+    /// the queues: each is due at most once per period, so they cannot starve the queues, while
+    /// a steady stream of requests would otherwise starve them (the timer drives probes,
+    /// timeouts, SIGKILL after stop_grace, scrapes and scale-down). The two queues take turns,
+    /// so a flood of reports delays an operator's `status` by one event, not by the flood.
+    async fn next(&mut self, tick: &mut tokio::time::Interval) -> Wake {
+        let operators_first = self.operators_first;
+        self.operators_first = !operators_first;
+        // Written out twice: `select!` takes its branches in the order written.
+        if operators_first {
+            tokio::select! {
+                biased;
+                Some(immediate) = self.stop.recv() => Wake::Stop(immediate),
+                Some(()) = self.hup.recv() => Wake::Hangup,
+                // A loop busy with a flood of reports is turning, not stuck.
+                _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
+                _ = sleep_opt(self.deadline) => Wake::Deadline,
+                _ = tick.tick() => Wake::Tick,
+                Some(msg) = self.operators.recv() => Wake::Msg(msg),
+                Some(msg) = self.inbox.recv() => Wake::Msg(msg),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                Some(immediate) = self.stop.recv() => Wake::Stop(immediate),
+                Some(()) = self.hup.recv() => Wake::Hangup,
+                _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
+                _ = sleep_opt(self.deadline) => Wake::Deadline,
+                _ = tick.tick() => Wake::Tick,
+                Some(msg) = self.inbox.recv() => Wake::Msg(msg),
+                Some(msg) = self.operators.recv() => Wake::Msg(msg),
+            }
+        }
+    }
 }
 
 /// The loop's state: the core, and what carries out and announces its decisions.
@@ -102,8 +156,8 @@ impl Daemon {
         self,
         listener: UnixListener,
         metrics_listener: Option<TcpListener>,
-        mut stop: mpsc::Receiver<bool>,
-        mut hup: mpsc::Receiver<()>,
+        stop: mpsc::Receiver<bool>,
+        hup: mpsc::Receiver<()>,
     ) -> anyhow::Result<()> {
         let Daemon {
             config,
@@ -113,7 +167,8 @@ impl Daemon {
             log,
         } = self;
         let clock = Clock::new();
-        let (tx, mut rx) = inbox::channel();
+        let (tx, rx) = inbox::channel();
+        let (operators_tx, operators_rx) = inbox::channel();
         let events = EventSink::new(tx.clone());
         let published = inbox::published();
         let shutdown = CancellationToken::new();
@@ -125,7 +180,8 @@ impl Daemon {
         tracing::info!("GPU inventory: {gpu_source}");
         // "nvml: 8 device(s), driver …" → "nvml", for the one-line status.
         let gpu_kind = gpu_source.split(':').next().unwrap_or("gpus").to_string();
-        let overrides = state::load(&state_dir);
+        // main.rs checked the directory (paths.rs) before anything was created.
+        let overrides = state::load(&state_dir, &config)?;
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
         // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
@@ -148,6 +204,7 @@ impl Daemon {
             Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
+            operators: operators_tx.clone(),
             published: published.clone(),
             access: access.clone(),
         };
@@ -165,7 +222,7 @@ impl Daemon {
             tracker.spawn(metrics::serve(
                 l,
                 recorder.clone(),
-                tx.clone(),
+                operators_tx.clone(),
                 shutdown.clone(),
                 tracker.clone(),
             ));
@@ -194,7 +251,7 @@ impl Daemon {
         shell.start();
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
-        let mut watchdog = shell.notifier.watchdog_interval().map(ticker);
+        let watchdog = shell.notifier.watchdog_interval().map(ticker);
         if let Some(t) = shell.notifier.watchdog_timeout() {
             tracing::info!(
                 "systemd watchdog: {}ms; pinging every {}ms",
@@ -202,44 +259,43 @@ impl Daemon {
                 t.as_millis() / 2
             );
         }
-        let mut hard_deadline: Option<tokio::time::Instant> = None;
+        let mut sources = Sources {
+            stop,
+            hup,
+            watchdog,
+            inbox: rx,
+            operators: operators_rx,
+            operators_first: true,
+            deadline: None,
+        };
 
         while !shell.fx.done() {
-            let wake = tokio::select! {
-                biased;
-                Some(immediate) = stop.recv() => Wake::Stop(immediate),
-                Some(()) = hup.recv() => Wake::Hangup,
-                // Ahead of the inbox: a loop busy with a flood of reports is turning, not stuck.
-                _ = tick_opt(&mut watchdog) => Wake::Watchdog,
-                Some(msg) = rx.recv() => Wake::Msg(msg),
-                _ = shell.tick.tick() => Wake::Tick,
-            };
-            match wake {
+            match sources.next(&mut shell.tick).await {
                 Wake::Msg(msg) => shell.message(msg),
                 Wake::Stop(immediate) => {
                     if !shell.stopping {
-                        hard_deadline = Some(
-                            tokio::time::Instant::now()
-                                + shell.node.config().daemon.shutdown_timeout
-                                + Duration::from_secs(5),
-                        );
+                        // Checked: shutdown_timeout is whatever the file said.
+                        sources.deadline = shell
+                            .node
+                            .config()
+                            .daemon
+                            .shutdown_timeout
+                            .checked_add(Duration::from_secs(5))
+                            .and_then(|d| tokio::time::Instant::now().checked_add(d));
                     }
                     shell.stop(immediate);
                 }
                 Wake::Hangup => shell.event(Event::ReloadSignal),
                 Wake::Watchdog => shell.notifier.watchdog(),
-                Wake::Tick => {
-                    if hard_deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
-                        tracing::error!(
-                            "replicas still alive past shutdown_timeout; exiting anyway"
-                        );
-                        break;
-                    }
-                    shell.event(Event::Tick);
+                Wake::Tick => shell.event(Event::Tick),
+                Wake::Deadline => {
+                    tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
+                    break;
                 }
             }
         }
 
+        shell.fx.finish(Duration::from_secs(2));
         shutdown.cancel();
         tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
@@ -355,6 +411,14 @@ fn ticker(period: Duration) -> tokio::time::Interval {
     t
 }
 
+/// A deadline that may not be set: never, then.
+async fn sleep_opt(d: Option<tokio::time::Instant>) {
+    match d {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The next tick of a timer that may not exist (no watchdog): never, then.
 async fn tick_opt(t: &mut Option<tokio::time::Interval>) {
     match t {
@@ -371,5 +435,61 @@ fn gpu_of(ev: &Event) -> Option<String> {
         Event::GpuXid { uuid, .. } => Some(uuid.clone()),
         Event::GpuReading(r) => Some(r.uuid.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources() -> (Sources, inbox::Sender, inbox::Sender) {
+        let (_stop_tx, stop) = mpsc::channel(1);
+        let (_hup_tx, hup) = mpsc::channel(1);
+        let (tx, rx) = inbox::channel();
+        let (otx, orx) = inbox::channel();
+        let s = Sources {
+            stop,
+            hup,
+            watchdog: None,
+            inbox: rx,
+            operators: orx,
+            operators_first: true,
+            deadline: None,
+        };
+        (s, tx, otx)
+    }
+
+    fn is_event(w: &Wake) -> bool {
+        matches!(w, Wake::Msg(ShellMsg::Event(_)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_inbox_starves_neither_the_timer_nor_the_deadline_nor_operators() {
+        let (mut s, tx, otx) = sources();
+        for _ in 0..1000 {
+            tx.try_send(ShellMsg::Event(Event::Tick)).unwrap();
+        }
+        let mut tick = ticker(Duration::from_millis(20));
+        assert!(matches!(s.next(&mut tick).await, Wake::Tick), "first tick");
+        assert!(is_event(&s.next(&mut tick).await));
+        // The timer is due again: it comes before the 998 messages still queued.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(matches!(s.next(&mut tick).await, Wake::Tick));
+        assert!(is_event(&s.next(&mut tick).await));
+        // The shutdown's deadline, too, whatever the timer does.
+        s.deadline = Some(tokio::time::Instant::now());
+        assert!(matches!(s.next(&mut tick).await, Wake::Deadline));
+        s.deadline = None;
+        // An operator's request behind the queued reports: served within two wake-ups.
+        let (reply, _rx) = tokio::sync::oneshot::channel();
+        otx.try_send(ShellMsg::Snapshot { reply }).unwrap();
+        let mut before = 0;
+        loop {
+            match s.next(&mut tick).await {
+                Wake::Msg(ShellMsg::Snapshot { .. }) => break,
+                _ => before += 1,
+            }
+        }
+        assert!(before <= 1, "{before} wake-ups first");
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod account;
+pub mod conn;
 pub mod containment;
 pub mod control;
 pub mod daemon;
@@ -14,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod nvml;
+pub mod paths;
 pub mod prefetch;
 pub mod probe;
 mod reload;

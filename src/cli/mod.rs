@@ -105,8 +105,8 @@ pub enum Command {
         #[command(flatten)]
         socket: Socket,
     },
-    /// Change a model's min, max or warm pool (kept across restarts)
-    #[command(group(ArgGroup::new("change").args(["min", "max", "warm"]).required(true).multiple(true)))]
+    /// Change a model's min, max or warm pool (kept across restarts), or clear what was changed
+    #[command(group(ArgGroup::new("change").args(["min", "max", "warm", "reset"]).required(true).multiple(true)))]
     Scale {
         /// The model to change
         model: String,
@@ -119,6 +119,10 @@ pub enum Command {
         /// Warm, unrouted replicas to keep: a count, or "auto"
         #[arg(long, value_name = "N|auto", allow_negative_numbers = true, value_parser = parse_warm)]
         warm: Option<WarmPoolSetting>,
+        /// Clear the model's overrides first: the configuration file's values apply again (with
+        /// --min, --max or --warm, those are then set anew)
+        #[arg(long)]
+        reset: bool,
         #[command(flatten)]
         socket: Socket,
     },
@@ -126,6 +130,9 @@ pub enum Command {
     Drain {
         /// The replica, as status names it (MODEL-N)
         replica: String,
+        /// Drain it even where routed would drop below min and no replacement can be placed
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         socket: Socket,
     },
@@ -248,7 +255,7 @@ enum Render {
 fn request_of(command: Command) -> Option<(Request, Render)> {
     Some(match command {
         Command::Status { model, json, .. } => (Request::Status { model }, Render::Status { json }),
-        Command::Gpus { json, .. } => (Request::Gpus, Render::Gpus { json }),
+        Command::Gpus { json, .. } => (Request::Gpus {}, Render::Gpus { json }),
         Command::Watch { model, .. } => (Request::Watch { model }, Render::Stream),
         Command::Report {
             model,
@@ -276,6 +283,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             min,
             max,
             warm,
+            reset,
             ..
         } => (
             Request::Scale {
@@ -283,10 +291,11 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
                 min,
                 max,
                 warm_pool: warm,
+                reset,
             },
             Render::Quiet,
         ),
-        Command::Drain { replica, .. } => (Request::Drain { replica }, Render::Quiet),
+        Command::Drain { replica, force, .. } => (Request::Drain { replica, force }, Render::Quiet),
         Command::Cordon {
             gpu,
             reason,
@@ -301,7 +310,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             Render::Quiet,
         ),
         Command::Uncordon { gpu, .. } => (Request::Uncordon { gpu }, Render::Quiet),
-        Command::Reload { .. } => (Request::Reload, Render::Quiet),
+        Command::Reload { .. } => (Request::Reload {}, Render::Quiet),
         Command::Daemon { .. }
         | Command::CheckConfig { .. }
         | Command::ToyServer(_)

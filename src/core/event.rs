@@ -145,6 +145,29 @@ pub struct ScrapedQueue {
     pub completed: Option<u64>,
 }
 
+impl ScrapedQueue {
+    /// Within the bounds a report is held to (`protocol::MAX_QUEUE` and the others beside it):
+    /// a server's metrics are numbers from outside, and nobody is there to refuse them to, so
+    /// they are clamped. A wait that is not a finite number ≥ 0 is no wait.
+    pub fn bounded(self) -> ScrapedQueue {
+        use crate::protocol::{MAX_COUNTER, MAX_QUEUE, MAX_WAIT_MS};
+        let wait = |w: f64| (w.is_finite() && w >= 0.0).then(|| w.min(MAX_WAIT_MS));
+        ScrapedQueue {
+            queue_depth: self.queue_depth.min(MAX_QUEUE),
+            in_flight: self.in_flight.min(MAX_QUEUE),
+            oldest_wait_ms: self.oldest_wait_ms.and_then(wait),
+            queue_time: self.queue_time.and_then(|t| {
+                (t.total_ms.is_finite() && t.total_ms >= 0.0).then_some(QueueTime {
+                    total_ms: t.total_ms.min(MAX_WAIT_MS * MAX_COUNTER as f64),
+                    count: t.count.min(MAX_COUNTER),
+                })
+            }),
+            arrived: self.arrived.map(|v| v.min(MAX_COUNTER)),
+            completed: self.completed.map(|v| v.min(MAX_COUNTER)),
+        }
+    }
+}
+
 /// Monotonic totals over the requests that have left a server's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct QueueTime {

@@ -169,6 +169,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             min: Some(3),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);
@@ -277,6 +278,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
             min: None,
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     // Push low to 2 routed (above its min of 1).
@@ -361,6 +363,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
             min: Some(2),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);
@@ -507,6 +510,7 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
             min: Some(2),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);

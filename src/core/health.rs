@@ -292,10 +292,12 @@ impl Node {
         evacuate: bool,
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
-        let s = self
-            .gpus
-            .slot_mut(gpu)
-            .ok_or_else(|| Failure::new(ErrorCode::UnknownGpu, format!("no GPU {gpu:?}")))?;
+        let s = self.gpus.slot_mut(gpu).ok_or_else(|| {
+            Failure::new(
+                ErrorCode::UnknownGpu,
+                format!("no GPU {}", crate::protocol::quote(gpu)),
+            )
+        })?;
         let uuid = s.device.uuid.clone();
         let msg = if cordon {
             s.cordoned = true;

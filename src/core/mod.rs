@@ -16,10 +16,13 @@ mod event;
 mod gpu;
 #[cfg(test)]
 pub(crate) mod gpu_tests;
+#[cfg(test)]
+mod harden_tests;
 mod health;
 mod lifecycle;
 mod model;
 mod node;
+mod overrides;
 mod placement;
 pub mod policy;
 #[cfg(test)]
@@ -30,6 +33,8 @@ mod probes;
 mod processes;
 #[cfg(test)]
 mod processes_tests;
+#[cfg(test)]
+mod prop_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -53,6 +58,7 @@ pub use event::{
 pub use gpu::{GpuDevice, Link, MigSlice, PeerLink};
 pub use model::Overrides;
 pub use node::Node;
+pub use overrides::check as check_overrides;
 pub use replica::{ReplicaId, ReplicaState};
 pub use xid::RecoveryAction;
 
@@ -87,8 +93,10 @@ impl Time {
 
 impl Add<Duration> for Time {
     type Output = Time;
+    /// Saturating: a duration from the configuration (any a TOML number can say) added to now
+    /// is "never", not a panic.
     fn add(self, d: Duration) -> Time {
-        Time(self.0 + d)
+        Time(self.0.saturating_add(d))
     }
 }
 

@@ -44,12 +44,18 @@ pub struct Node {
 
 impl Node {
     /// A node for `config`, with the GPUs the inventory found and the saved scale overrides.
+    /// The shell checks the overrides first (`check_overrides`) and says what it set aside;
+    /// overrides that fail the check anyway are not used.
     pub fn new(
         config: Config,
         devices: Vec<GpuDevice>,
         overrides: BTreeMap<String, Overrides>,
         now: Time,
     ) -> Node {
+        let overrides = match super::overrides::check(&config, &overrides) {
+            Ok(()) => overrides,
+            Err(_) => BTreeMap::new(),
+        };
         let models = config
             .models
             .iter()

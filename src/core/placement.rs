@@ -21,6 +21,19 @@ pub struct Want<'a> {
     pub exclude: &'a BTreeSet<String>,
 }
 
+impl<'a> Want<'a> {
+    /// What a replica of this launch spec asks, leaving out the devices in `exclude`.
+    pub fn of(launch: &crate::config::LaunchSpec, exclude: &'a BTreeSet<String>) -> Self {
+        Want {
+            count: launch.gpus,
+            bytes: launch.gpu_memory,
+            placement: launch.placement,
+            by_index: launch.device_naming == crate::config::DeviceNaming::Index,
+            exclude,
+        }
+    }
+}
+
 /// Where a replica goes: the devices' UUIDs and the bytes reserved on each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placed {

@@ -357,6 +357,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(3),
             max: None,
             warm_pool: Some(crate::protocol::WarmPoolSetting::Count(2)),
+            reset: false,
         },
     );
     assert_eq!(resp["ok"], true);
@@ -381,6 +382,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(12),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(bad["error"], "bad_request", "min above max is refused");
@@ -468,6 +470,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
             min: Some(9),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     let out = h.log[before..].to_vec();
@@ -513,7 +516,20 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
     }
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
     assert_eq!(cap.slots, Some(3));
-    send(&mut h, 14, 4_294_967_296);
+    // The report itself is refused beyond the protocol's bound…
+    let huge = Report {
+        model: "m".into(),
+        replica: Some(id.0.clone()),
+        oldest_wait_ms: Some(10.0),
+        queue_depth: Some(1),
+        in_flight: Some(4_294_967_296),
+        arrived: Some(30 * 14),
+        completed: Some(30 * 14),
+    };
+    let resp = h.request(Peer::trusted(), Request::Report(huge));
+    assert_eq!(resp["error"], "bad_request", "{resp}");
+    // …and the most it lets through is still not believed as a slot count.
+    send(&mut h, 14, 1_000_000);
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
     assert!(
         cap.slots

@@ -47,15 +47,7 @@ impl Node {
                 let mut trial = self.gpus.clone();
                 trial.release(&v.id, &v.gpus, v.gpu_bytes);
                 let none = std::collections::BTreeSet::new();
-                trial
-                    .place(&Want {
-                        count: launch.gpus,
-                        bytes: launch.gpu_memory,
-                        placement: launch.placement,
-                        by_index: launch.device_naming == crate::config::DeviceNaming::Index,
-                        exclude: &none,
-                    })
-                    .is_ok()
+                trial.place(&Want::of(&launch, &none)).is_ok()
             })?;
         let v = self.replicas.get_mut(&victim)?;
         v.reclaimed_for = Some(model.clone());

@@ -89,6 +89,7 @@ impl Node {
             m.desired_routed.clamp(m.min(), m.max())
         };
         let max = if m.removed { 0 } else { m.max() };
+        let (min, m_removed) = (m.min(), m.removed);
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
         let recheck = m.config.launch.warmup.recheck;
@@ -143,6 +144,25 @@ impl Node {
                     how: Readiness::Promoted,
                 });
             }
+        }
+
+        // Routed replicas an operator asked to drain drain once the others keep `min` routed.
+        let min = if m_removed { 0 } else { min };
+        while c.leaving > 0 && c.routed >= min {
+            let Some(id) = self.pick(
+                name,
+                |r| r.state == ReplicaState::Routed && r.drain_asked,
+                false,
+            ) else {
+                break;
+            };
+            self.begin_drain(
+                &id,
+                "drained by operator: its replacement is routed",
+                now,
+                out,
+            );
+            c.leaving -= 1;
         }
 
         // Routed replicas on a device being left drain once the healthy ones cover `desired`;
@@ -214,7 +234,8 @@ impl Node {
     /// On its way out: on a device being left, or made from a configuration being rolled away
     /// from.
     pub(super) fn departing(&self, r: &Replica) -> bool {
-        self.gpus.leaving(&r.gpus)
+        r.drain_asked
+            || self.gpus.leaving(&r.gpus)
             || self
                 .models
                 .get(&r.model)
@@ -287,6 +308,10 @@ impl Node {
         for m in self.models.keys() {
             blocked.insert(m.clone(), None);
         }
+        // Once the pool has no port, it has none for the rest of this pass (nothing is given
+        // back here): the others are not scanned for one, so a pass costs O(pending), not
+        // O(pending × ports).
+        let mut ports_left = true;
         for (_, _, _, id) in pending {
             let Some(r) = self.replicas.get(&id) else {
                 continue;
@@ -306,13 +331,7 @@ impl Node {
                 continue;
             }
             let launch = m.launch_spec();
-            let want = |exclude| Want {
-                count: launch.gpus,
-                bytes: launch.gpu_memory,
-                placement: launch.placement,
-                by_index: launch.device_naming == DeviceNaming::Index,
-                exclude,
-            };
+            let want = |exclude| Want::of(launch, exclude);
             // Placed as if nothing were held; a device that is held (a start under way on it,
             // or the first memory readings pending) is then waited for, never swapped for
             // another: `pack` still fills one device, and a multi-GPU set is never split.
@@ -349,7 +368,8 @@ impl Node {
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
             };
-            let Some(port) = self.ports.take() else {
+            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
+                ports_left = false;
                 r.reason = "no free port in daemon.ports".into();
                 continue;
             };

@@ -224,7 +224,7 @@ fn reload_request(h: &mut Harness, id: RequestId, peer: Peer) -> Vec<Action> {
     h.send(Event::Request {
         id,
         peer,
-        request: crate::protocol::Request::Reload,
+        request: crate::protocol::Request::Reload {},
     })
 }
 

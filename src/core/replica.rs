@@ -69,6 +69,9 @@ pub struct Replica {
     pub deadline: Option<Time>,
     /// SIGKILL already sent.
     pub killed: bool,
+    /// An operator asked to drain it while that would have taken routed below `min`: it leaves
+    /// (as a departing replica) once a replacement is routed.
+    pub drain_asked: bool,
     /// Counts as a failure when it exits (it was stopped because it failed).
     pub failed: bool,
     pub signal: ReplicaSignal,
@@ -120,6 +123,7 @@ impl Replica {
             last_probe_error: String::new(),
             deadline: None,
             killed: false,
+            drain_asked: false,
             failed: false,
             signal: ReplicaSignal::default(),
             scrape_next: now,

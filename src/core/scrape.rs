@@ -58,7 +58,7 @@ impl Node {
         r.scrape_in_flight = false;
         let model = r.model.clone();
         let q = match outcome {
-            Ok(q) => q,
+            Ok(q) => q.bounded(),
             Err(e) => {
                 // No signal (staleness rules apply); said once per episode, not once per poll.
                 if !r.scrape_failing {

@@ -572,6 +572,8 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
         Peer::trusted(),
         Request::Drain {
             replica: r.0.clone(),
+            // At min: only forced does it drain before a replacement is routed.
+            force: true,
         },
     );
     assert_eq!(out["ok"], true);
@@ -620,6 +622,7 @@ fn drain_gives_up_after_drain_timeout_and_stop_escalates_to_sigkill() {
         Peer::trusted(),
         Request::Drain {
             replica: r.0.clone(),
+            force: true,
         },
     );
     h.report("m", Some(&r.0), 0.0, 0, 2);
@@ -740,6 +743,7 @@ fn no_two_live_replicas_share_a_port() {
             Peer::trusted(),
             Request::Drain {
                 replica: r.0.clone(),
+                force: true,
             },
         );
         h.report("m", Some(&r.0), 0.0, 0, 0);
@@ -815,7 +819,8 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         h.request(
             reader.clone(),
             Request::Drain {
-                replica: r.0.clone()
+                replica: r.0.clone(),
+                force: false,
             }
         )["error"],
         "forbidden"

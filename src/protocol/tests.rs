@@ -6,7 +6,7 @@ use super::*;
 fn parses_known_ops_and_rejects_the_rest() {
     assert_eq!(
         parse_request(r#"{"op":"version"}"#).unwrap(),
-        Request::Version
+        Request::Version {}
     );
     let r = parse_request(r#"{"op":"report","model":"m","oldest_wait_ms":12.5,"in_flight":3}"#)
         .unwrap();

@@ -2,6 +2,7 @@
 //! (`checks`: declared models, ports, GPU fit, programs) and placeholders.
 
 mod checks;
+mod fuzz;
 mod launch;
 mod placeholders;
 mod values;
