@@ -90,6 +90,8 @@ pub enum Command {
     Reload,
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
+    /// The front door: an OpenAI-compatible HTTP entry point that queues for the daemon's replicas
+    Route(crate::route::cmd::RouteArgs),
     /// Replay traffic against hearth's policy and published autoscalers
     Simulate(crate::sim::SimArgs),
 }
@@ -175,6 +177,7 @@ pub async fn client_verb(command: Command, socket: Option<PathBuf>) -> ExitCode 
         Command::Daemon { .. }
         | Command::CheckConfig { .. }
         | Command::ToyServer(_)
+        | Command::Route(_)
         | Command::Simulate(_) => {
             unreachable!("not a client verb")
         }
