@@ -104,9 +104,15 @@ pub async fn forward(
         router.metrics.request(Some(model), resp.status().as_u16());
         resp
     };
+    // Counts the request as 499 if its client leaves (this future is dropped) before an answer
+    // was made; every answer made here is counted with its status instead.
+    let mut left = ClientLeft(Some((router.clone(), model)));
     let mut lease = match router.acquire(model, timeout).await {
         Ok(l) => l,
-        Err(r) => return refused(r, ""),
+        Err(r) => {
+            left.0 = None;
+            return refused(r, "");
+        }
     };
     router
         .metrics
@@ -124,6 +130,7 @@ pub async fn forward(
         ) {
             Ok(r) => r,
             Err(e) => {
+                left.0 = None;
                 router.metrics.request(Some(model), 400);
                 return errors::error(Failure::BadJson, format!("cannot forward: {e}"));
             }
@@ -135,12 +142,14 @@ pub async fn forward(
                     && !retried
                     && router.has_other(model, lease.grant.replica)) =>
             {
+                left.0 = None;
                 return relay(router, model, lease, parts, first, rest, arrived, sent);
             }
             Attempt::Answer { parts, .. } => format!("answered {}", parts.status),
             Attempt::ConnectionFailed(why) if !retried => why,
             Attempt::ConnectionFailed(why) | Attempt::Failed(why) => {
                 lease.eject();
+                left.0 = None;
                 tracing::warn!(model = %m.name, replica = %lease.grant.id, "request failed: {why}");
                 router.metrics.request(Some(model), 502);
                 return errors::error(
@@ -162,12 +171,24 @@ pub async fn forward(
         lease = match router.reacquire(lease, timeout).await {
             Ok(l) => l,
             Err(r) => {
+                left.0 = None;
                 return refused(
                     r,
                     &format!("; replica {failed_id} failed before answering: {why}"),
                 )
             }
         };
+    }
+}
+
+/// Armed while a request has no answer yet.
+struct ClientLeft(Option<(Arc<Router>, usize)>);
+
+impl Drop for ClientLeft {
+    fn drop(&mut self) {
+        if let Some((router, model)) = self.0.take() {
+            router.metrics.request(Some(model), 499);
+        }
     }
 }
 

@@ -50,8 +50,6 @@ pub struct Relay {
     arrived: Instant,
     sent_upstream: Instant,
     first_byte_seen: bool,
-    /// The error event still to send, then the end.
-    error_event: Option<Bytes>,
     finished: bool,
 }
 
@@ -80,7 +78,6 @@ impl Relay {
             arrived,
             sent_upstream,
             first_byte_seen: false,
-            error_event: None,
             finished: false,
         };
         if r.upstream.is_none() {
@@ -154,7 +151,7 @@ impl Body for RouteBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RouteBody::Full(b) => b.is_none(),
-            RouteBody::Relay(r) => r.finished,
+            RouteBody::Relay(r) => r.ended(),
         }
     }
 
@@ -176,9 +173,6 @@ impl Relay {
             }
             return Poll::Ready(Some(Ok(f)));
         }
-        if let Some(ev) = self.error_event.take() {
-            return Poll::Ready(Some(Ok(Frame::data(ev))));
-        }
         let Some(up) = self.upstream.as_mut() else {
             self.finish(self.status);
             return Poll::Ready(None);
@@ -189,6 +183,11 @@ impl Relay {
                 if let Some(d) = f.data_ref() {
                     let d = d.clone();
                     self.sent(&d);
+                }
+                // With a length, the server stops polling after the last byte: the end is
+                // noticed here, not by a further poll.
+                if self.upstream.as_ref().is_some_and(|u| u.is_end_stream()) {
+                    self.upstream_done(true);
                 }
                 Poll::Ready(Some(Ok(f)))
             }
@@ -224,11 +223,22 @@ impl Relay {
     }
 }
 
+impl Relay {
+    /// Everything the client is to get has been handed over.
+    fn ended(&self) -> bool {
+        self.first.is_none() && self.upstream.is_none()
+    }
+}
+
 impl Drop for Relay {
     fn drop(&mut self) {
-        // Dropped before the end: the client left. The lease and the replica connection go with
-        // the relay (the replica sees its connection close and stops the request).
-        self.finish(499);
+        if self.ended() {
+            self.finish(self.status);
+        } else {
+            // Dropped before the end: the client left. The lease and the replica connection go
+            // with the relay (the replica sees its connection close and stops the request).
+            self.finish(499);
+        }
     }
 }
 
