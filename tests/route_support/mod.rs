@@ -343,6 +343,15 @@ impl Daemon {
             .collect()
     }
 
+    /// A replica of `model` by id, if the daemon still has it.
+    pub fn replica(&self, model: &str, id: &str) -> Option<Value> {
+        self.model(model)["replicas"]
+            .as_array()?
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+    }
+
     /// Waits until `model` has `n` routed replicas; returns them.
     pub fn wait_routed(&self, model: &str, n: usize, timeout: Duration) -> Vec<Value> {
         wait_until(&format!("{n} routed replica(s) of {model}"), timeout, || {
@@ -432,12 +441,21 @@ impl Router {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The replica of `model` holding requests now, per the router (one with in_flight ≥ 1).
+    pub fn busy_replica(&self, model: &str) -> Option<String> {
+        let page = get(self.addr, "/metrics").ok()?.text();
+        let prefix = format!("hearth_route_replica_in_flight{{model=\"{model}\",replica=\"");
+        page.lines().find_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (id, value) = rest.split_once("\"} ")?;
+            (value.trim().parse::<f64>().ok()? >= 1.0).then(|| id.to_string())
+        })
+    }
+
     /// A sample of the router's metrics: `name{labels}` exactly as exposed.
     pub fn metric(&self, series: &str) -> Option<f64> {
         let r = get(self.addr, "/metrics").ok()?;
-        r.text()
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        sample(&r.text(), series)
     }
 }
 
@@ -556,6 +574,26 @@ impl Streaming {
     pub fn abandon(self) {
         let _ = self.reader.get_ref().shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Writes a request on a new connection and reads nothing: a client that may leave before its
+/// answer (drop the stream).
+pub fn open(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    s
+}
+
+/// The value of an unlabelled or fully labelled series in a Prometheus text page.
+pub fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Sends a request on a new connection and reads the answer's head.
