@@ -790,3 +790,76 @@ pub fn endpoint_ids(ev: &Value) -> Vec<String> {
     ids.sort();
     ids
 }
+
+// ---- the real model and the openai client -------------------------------------------------------
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(HEARTH)
+                .parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .to_path_buf()
+        })
+}
+
+/// Runs `prepare` once across test processes (under a file lock), marking `dir` when done.
+fn once_in(dir: &Path, lock_name: &str, prepare: impl FnOnce()) {
+    fs::create_dir_all(dir).unwrap();
+    let lock = fs::File::create(target_dir().join(lock_name)).unwrap();
+    // SAFETY: flock on a file we own; released when `lock` closes.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", io::Error::last_os_error());
+    let done = dir.join(".setup-done");
+    if !done.exists() {
+        prepare();
+        fs::write(&done, b"ok\n").unwrap();
+    }
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// llama.cpp's server and a tiny model: `HEARTH_REAL_MODEL_DIR` (CI sets it), else set up once
+/// in `TARGET/real-model` with `../shared/real-model/setup.sh`.
+pub fn real_model_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HEARTH_REAL_MODEL_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let dir = target_dir().join("real-model");
+    once_in(&dir, "real-model.lock", || {
+        let mut shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
+        if !shared.join("real-model/setup.sh").exists() {
+            shared = PathBuf::from("/work/shared");
+        }
+        run_ok(Command::new("bash").arg(shared.join("real-model/setup.sh")).arg(&dir));
+    });
+    dir
+}
+
+/// A Python with the official `openai` package: `HEARTH_OPENAI_PYTHON` (CI sets it), else a
+/// virtual environment made once in `TARGET/openai-venv`.
+pub fn openai_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("HEARTH_OPENAI_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let dir = target_dir().join("openai-venv");
+    once_in(&dir, "openai-venv.lock", || {
+        run_ok(Command::new("python3").args(["-m", "venv"]).arg(&dir));
+        run_ok(
+            Command::new(dir.join("bin/pip"))
+                .args(["install", "-q", "--no-cache-dir", "openai"]),
+        );
+    });
+    dir.join("bin/python")
+}
