@@ -39,7 +39,12 @@ fn assert_error(r: &Resp, status: u16, code: &str) {
     assert_eq!(r.status, status, "{}", r.text());
     let v = r.json();
     assert_eq!(v["error"]["code"], code, "{v}");
-    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
     assert!(v["error"]["type"].is_string(), "{v}");
 }
 
@@ -75,14 +80,22 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     for _ in 0..8 {
         let r = authed(addr, "POST", "/v1/completions", &completion("alpha"));
         assert_eq!(r.status, 200, "{}", r.text());
-        assert!(r.header("x-hearth-replica").unwrap().starts_with("alpha-"), "{:?}", r.headers);
+        assert!(
+            r.header("x-hearth-replica").unwrap().starts_with("alpha-"),
+            "{:?}",
+            r.headers
+        );
         let r = authed(addr, "POST", "/v1/completions", &completion("beta"));
         assert_eq!(r.status, 200, "{}", r.text());
         let id = r.header("x-hearth-replica").unwrap().to_string();
         assert!(id.starts_with("beta-"), "{id}");
         beta_seen.insert(id);
     }
-    assert_eq!(beta_seen.len(), 2, "both beta replicas served: {beta_seen:?}");
+    assert_eq!(
+        beta_seen.len(),
+        2,
+        "both beta replicas served: {beta_seen:?}"
+    );
     // An alias reaches its model, and the replica gets the model's own name.
     let r = authed(addr, "POST", "/v1/completions", &completion("gpt-x"));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -117,13 +130,37 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     assert_eq!(h.json()["daemon"], "connected");
 
     // Bad requests, each in the OpenAI shape.
-    assert_error(&authed(addr, "POST", "/v1/completions", &completion("nope")), 404, "model_not_found");
-    assert_error(&authed(addr, "POST", "/v1/chat/completions", b"{\"model\":"), 400, "invalid_json");
-    assert_error(&authed(addr, "POST", "/v1/embeddings", b"{\"input\":\"x\"}"), 400, "invalid_json");
-    assert_error(&authed(addr, "POST", "/v1/completions", b"[1,2]"), 400, "invalid_json");
-    assert_error(&authed(addr, "POST", "/v1/completions", b"{\"model\":7}"), 400, "invalid_json");
+    assert_error(
+        &authed(addr, "POST", "/v1/completions", &completion("nope")),
+        404,
+        "model_not_found",
+    );
+    assert_error(
+        &authed(addr, "POST", "/v1/chat/completions", b"{\"model\":"),
+        400,
+        "invalid_json",
+    );
+    assert_error(
+        &authed(addr, "POST", "/v1/embeddings", b"{\"input\":\"x\"}"),
+        400,
+        "invalid_json",
+    );
+    assert_error(
+        &authed(addr, "POST", "/v1/completions", b"[1,2]"),
+        400,
+        "invalid_json",
+    );
+    assert_error(
+        &authed(addr, "POST", "/v1/completions", b"{\"model\":7}"),
+        400,
+        "invalid_json",
+    );
     let big = json!({"model": "alpha", "prompt": "x".repeat(2000)}).to_string();
-    assert_error(&authed(addr, "POST", "/v1/completions", big.as_bytes()), 413, "request_too_large");
+    assert_error(
+        &authed(addr, "POST", "/v1/completions", big.as_bytes()),
+        413,
+        "request_too_large",
+    );
     // Over the limit without a declared length (chunked): refused once the limit is crossed.
     let mut chunked = Vec::new();
     for piece in big.as_bytes().chunks(300) {
@@ -143,35 +180,81 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     )
     .unwrap();
     assert_error(&r, 413, "request_too_large");
-    assert_error(&authed(addr, "GET", "/v1/completions", b""), 405, "method_not_allowed");
+    assert_error(
+        &authed(addr, "GET", "/v1/completions", b""),
+        405,
+        "method_not_allowed",
+    );
     assert_error(&authed(addr, "GET", "/v2/anything", b""), 404, "not_found");
 
     // The prefix route: alpha allows only /v1/completions; beta has the inference defaults,
     // which include no admin endpoint.
-    let r = authed(addr, "POST", "/m/alpha/v1/completions", &completion("alpha"));
+    let r = authed(
+        addr,
+        "POST",
+        "/m/alpha/v1/completions",
+        &completion("alpha"),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.header("x-hearth-replica").unwrap().starts_with("alpha-"));
-    assert_error(&authed(addr, "GET", "/m/alpha/health", b""), 404, "not_found");
-    assert_error(&authed(addr, "POST", "/m/alpha/completion", b"{}"), 404, "not_found");
+    assert_error(
+        &authed(addr, "GET", "/m/alpha/health", b""),
+        404,
+        "not_found",
+    );
+    assert_error(
+        &authed(addr, "POST", "/m/alpha/completion", b"{}"),
+        404,
+        "not_found",
+    );
     let r = authed(addr, "POST", "/m/beta/v1/completions", &completion("beta"));
     assert_eq!(r.status, 200, "{}", r.text());
-    for admin in ["/m/beta/slots/0?action=save", "/m/beta/lora-adapters", "/m/beta/v1/load_lora_adapter"] {
+    for admin in [
+        "/m/beta/slots/0?action=save",
+        "/m/beta/lora-adapters",
+        "/m/beta/v1/load_lora_adapter",
+    ] {
         assert_error(&authed(addr, "POST", admin, b"{}"), 404, "not_found");
     }
-    assert_error(&authed(addr, "POST", "/m/beta/v1/../v1/completions", b"{}"), 404, "not_found");
-    assert_error(&authed(addr, "POST", "/m/ghost/v1/completions", b"{}"), 404, "model_not_found");
+    assert_error(
+        &authed(addr, "POST", "/m/beta/v1/../v1/completions", b"{}"),
+        404,
+        "not_found",
+    );
+    assert_error(
+        &authed(addr, "POST", "/m/ghost/v1/completions", b"{}"),
+        404,
+        "model_not_found",
+    );
 
     // What happened is counted by model and status.
     let m = |s: &str| {
         let bearer = format!("Bearer {KEY}");
-        let r = request(addr, "GET", "/metrics", &[("Authorization", &bearer)], b"", T).unwrap();
+        let r = request(
+            addr,
+            "GET",
+            "/metrics",
+            &[("Authorization", &bearer)],
+            b"",
+            T,
+        )
+        .unwrap();
         r.text()
             .lines()
             .find_map(|l| l.strip_prefix(s)?.strip_prefix(' ')?.parse::<f64>().ok())
     };
-    assert_eq!(m("hearth_route_requests_total{model=\"alpha\",status=\"200\"}"), Some(9.0));
-    assert_eq!(m("hearth_route_requests_total{model=\"beta\",status=\"200\"}"), Some(10.0));
-    assert_eq!(m("hearth_route_requests_total{model=\"\",status=\"404\"}"), Some(3.0));
+    assert_eq!(
+        m("hearth_route_requests_total{model=\"alpha\",status=\"200\"}"),
+        Some(9.0)
+    );
+    assert_eq!(
+        m("hearth_route_requests_total{model=\"beta\",status=\"200\"}"),
+        Some(10.0)
+    );
+    assert_eq!(
+        m("hearth_route_requests_total{model=\"\",status=\"404\"}"),
+        Some(3.0)
+    );
     assert!(m("hearth_route_queue_wait_seconds_count{model=\"beta\"}").unwrap() >= 10.0);
     assert!(m("hearth_route_time_to_first_byte_seconds_count{model=\"beta\"}").unwrap() >= 10.0);
     assert!(m("hearth_route_upstream_seconds_count{model=\"beta\"}").unwrap() >= 10.0);
@@ -211,7 +294,11 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
     // No place left: 429 at once, with Retry-After.
     let r = complete(addr, "slow", T).unwrap();
     assert_error(&r, 429, "queue_full");
-    let after: u64 = r.header("retry-after").expect("Retry-After").parse().unwrap();
+    let after: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
     assert!(after >= 1, "{after}");
     // Meanwhile another model is served as ever.
     for _ in 0..5 {
@@ -221,8 +308,14 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
     // The queued request gives up after queue_timeout: 503, while the first still runs.
     let r = second.join().unwrap().unwrap();
     assert_error(&r, 503, "queue_timeout");
-    assert_eq!(router.metric("hearth_route_in_flight{model=\"slow\"}"), Some(1.0));
-    assert_eq!(router.metric("hearth_route_queue_depth{model=\"slow\"}"), Some(0.0));
+    assert_eq!(
+        router.metric("hearth_route_in_flight{model=\"slow\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        router.metric("hearth_route_queue_depth{model=\"slow\"}"),
+        Some(0.0)
+    );
     let r = first.join().unwrap().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     // And the slot is free again.

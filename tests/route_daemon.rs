@@ -24,13 +24,17 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
     let warm = wait_until("one warm replica, none routed", T, || {
         let model = daemon.model("z");
         let warm = daemon.in_state("z", "warm");
-        (model["routed"] == 0 && warm.len() == 1).then(|| warm[0]["id"].as_str().unwrap().to_string())
+        (model["routed"] == 0 && warm.len() == 1)
+            .then(|| warm[0]["id"].as_str().unwrap().to_string())
     });
     let watch = Watch::open(&daemon.socket);
     wait_until("the router following the daemon", T, || {
         (router.metric("hearth_route_daemon_connected")? == 1.0).then_some(())
     });
-    assert_eq!(router.metric("hearth_route_routed_replicas{model=\"z\"}"), Some(0.0));
+    assert_eq!(
+        router.metric("hearth_route_routed_replicas{model=\"z\"}"),
+        Some(0.0)
+    );
 
     // Nothing is routed: the request is held, the daemon hears of it at once, promotes the warm
     // replica, and the request goes there.
@@ -38,7 +42,11 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
     let r = complete(addr, "z", T).unwrap();
     let answered = sent.elapsed();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-hearth-replica"), Some(warm.as_str()), "served by the pool's replica");
+    assert_eq!(
+        r.header("x-hearth-replica"),
+        Some(warm.as_str()),
+        "served by the pool's replica"
+    );
     let (_, routed_at, ev) = watch
         .wait_for(0, Duration::ZERO, |v| {
             v["event"] == "routed" && endpoint_ids(v).contains(&warm)
@@ -52,7 +60,10 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
         .unwrap();
     assert!(waited < 3.0, "waited {waited} s, as long as a cold start");
     let model = daemon.model("z");
-    assert_eq!(model["last_scale"]["reason"], "work arrived for a model at zero", "{model}");
+    assert_eq!(
+        model["last_scale"]["reason"], "work arrived for a model at zero",
+        "{model}"
+    );
     eprintln!(
         "first request at zero: answered in {answered:?}, queue wait {:.1} ms",
         waited * 1000.0
@@ -68,13 +79,17 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
     let (route, addr) = setup.route_file("");
     let router = Router::start(&setup.config, &route, addr);
     daemon.wait_routed("w", 1, T);
-    wait_until("one warm", T, || (daemon.in_state("w", "warm").len() == 1).then_some(()));
+    wait_until("one warm", T, || {
+        (daemon.in_state("w", "warm").len() == 1).then_some(())
+    });
     wait_until("the router routing one replica", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"w\"}")? == 1.0).then_some(())
     });
     // One slot, three requests: two wait, and the oldest wait crosses 300 ms long before the
     // first request's second of service ends.
-    let reqs: Vec<_> = (0..3).map(|_| spawn(move || complete(addr, "w", T))).collect();
+    let reqs: Vec<_> = (0..3)
+        .map(|_| spawn(move || complete(addr, "w", T)))
+        .collect();
     let routed = daemon.wait_routed("w", 2, T);
     let mut served = std::collections::BTreeSet::new();
     for h in reqs {
@@ -82,7 +97,11 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
         assert_eq!(r.status, 200, "{}", r.text());
         served.insert(r.header("x-hearth-replica").unwrap().to_string());
     }
-    assert_eq!(served.len(), 2, "the promoted replica served too: {served:?}");
+    assert_eq!(
+        served.len(),
+        2,
+        "the promoted replica served too: {served:?}"
+    );
     let model = daemon.model("w");
     let reason = model["last_scale"]["reason"].as_str().unwrap_or("");
     assert!(reason.contains("oldest wait"), "{model}");
@@ -99,7 +118,12 @@ fn the_router_restarts_without_touching_a_replica() {
     let pids = |v: &[Value]| -> Vec<(String, i64)> {
         let mut p: Vec<(String, i64)> = v
             .iter()
-            .map(|r| (r["id"].as_str().unwrap().to_string(), r["pid"].as_i64().unwrap()))
+            .map(|r| {
+                (
+                    r["id"].as_str().unwrap().to_string(),
+                    r["pid"].as_i64().unwrap(),
+                )
+            })
             .collect();
         p.sort();
         p
@@ -109,14 +133,21 @@ fn the_router_restarts_without_touching_a_replica() {
     });
     assert_eq!(complete(addr, "r", T).unwrap().status, 200);
     router.kill(libc::SIGKILL);
-    assert!(complete(addr, "r", Duration::from_secs(2)).is_err(), "the router is gone");
+    assert!(
+        complete(addr, "r", Duration::from_secs(2)).is_err(),
+        "the router is gone"
+    );
     let router = Router::start(&setup.config, &route, addr);
     let r = wait_until("an answer through the new router", T, || {
         complete(addr, "r", T).ok().filter(|r| r.status == 200)
     });
     assert!(r.header("x-hearth-replica").unwrap().starts_with("r-"));
     let after = daemon.in_state("r", "routed");
-    assert_eq!(pids(&after), pids(&before), "the same replicas, the same processes");
+    assert_eq!(
+        pids(&after),
+        pids(&before),
+        "the same replicas, the same processes"
+    );
     assert_eq!(daemon.model("r")["restarts_total"], json!(0));
     drop(router);
 }

@@ -30,10 +30,16 @@ fn addr_of(daemon: &Daemon, model: &str, id: &str) -> std::net::SocketAddr {
 }
 
 fn routed_at_router(router: &Router, model: &str, n: f64) {
-    wait_until(&format!("the router to route {n} replica(s) of {model}"), T, || {
-        (router.metric(&format!("hearth_route_routed_replicas{{model=\"{model}\"}}"))? == n)
-            .then_some(())
-    });
+    wait_until(
+        &format!("the router to route {n} replica(s) of {model}"),
+        T,
+        || {
+            (router.metric(&format!(
+                "hearth_route_routed_replicas{{model=\"{model}\"}}"
+            ))? == n)
+                .then_some(())
+        },
+    );
 }
 
 #[test]
@@ -52,7 +58,10 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
     assert_eq!(r.status, 200, "{}", r.text());
     let served = r.header("x-hearth-replica").unwrap();
     assert_ne!(served, first, "served by another replica");
-    assert_eq!(router.metric("hearth_route_retries_total{model=\"m\"}"), Some(1.0));
+    assert_eq!(
+        router.metric("hearth_route_retries_total{model=\"m\"}"),
+        Some(1.0)
+    );
 
     // Once only: a request whose second replica fails too gets 502.
     daemon.wait_routed("m", 2, T);
@@ -71,7 +80,10 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
     let r = req.join().unwrap().unwrap();
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "upstream_failed", "{}", r.text());
-    assert_eq!(router.metric("hearth_route_retries_total{model=\"m\"}"), Some(2.0));
+    assert_eq!(
+        router.metric("hearth_route_retries_total{model=\"m\"}"),
+        Some(2.0)
+    );
 }
 
 #[test]
@@ -112,7 +124,10 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
         let gate = setup.dir.path().join(format!("gate-{chat}"));
         let mut s = stream(&gate, chat);
         assert_eq!(s.status, 200);
-        assert!(s.header("content-type").unwrap().starts_with("text/event-stream"));
+        assert!(s
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"));
         let first = String::from_utf8(s.next_piece().unwrap().expect("an event")).unwrap();
         assert!(first.contains("part0"), "{first:?}");
         assert!(!gate.exists());
@@ -131,10 +146,19 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
     let other = daemon
         .in_state("s", "routed")
         .into_iter()
-        .find_map(|r| r["id"].as_str().filter(|id| *id != victim).map(str::to_string))
+        .find_map(|r| {
+            r["id"]
+                .as_str()
+                .filter(|id| *id != victim)
+                .map(str::to_string)
+        })
         .expect("the other replica");
     let other_addr = addr_of(&daemon, "s", &other);
-    let stats = || get(other_addr, "/stats").unwrap().json()["requests"].as_u64().unwrap();
+    let stats = || {
+        get(other_addr, "/stats").unwrap().json()["requests"]
+            .as_u64()
+            .unwrap()
+    };
     let before = stats();
     kill(pid_of(&daemon, "s", &victim), libc::SIGKILL);
     let rest = String::from_utf8(s.rest().expect("the stream ends cleanly")).unwrap();
@@ -144,11 +168,17 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
         .find(|v| v.get("error").is_some())
         .unwrap_or_else(|| panic!("no error event in {rest:?}"));
-    assert_eq!(error_event["error"]["code"], "upstream_failed", "{error_event}");
+    assert_eq!(
+        error_event["error"]["code"], "upstream_failed",
+        "{error_event}"
+    );
     assert!(!rest.contains("[DONE]"), "{rest:?}");
     // Never retried: the other replica got nothing, and no retry was counted.
     assert_eq!(stats(), before, "the other replica got the request");
-    assert_eq!(router.metric("hearth_route_retries_total{model=\"s\"}"), None);
+    assert_eq!(
+        router.metric("hearth_route_retries_total{model=\"s\"}"),
+        None
+    );
     assert_eq!(
         router.metric("hearth_route_requests_total{model=\"s\",status=\"502\"}"),
         Some(1.0)
@@ -173,7 +203,10 @@ fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
     wait_until("the request running at the replica", T, || {
         (toy_metric("toy_requests_running")? == 1.0).then_some(())
     });
-    assert_eq!(router.metric("hearth_route_in_flight{model=\"m\"}"), Some(1.0));
+    assert_eq!(
+        router.metric("hearth_route_in_flight{model=\"m\"}"),
+        Some(1.0)
+    );
     drop(a);
     wait_until("the slot free at the router", T, || {
         (router.metric("hearth_route_in_flight{model=\"m\"}")? == 0.0).then_some(())
@@ -193,7 +226,10 @@ fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
     wait_until("the next request at the replica", T, || {
         (router.metric("hearth_route_in_flight{model=\"m\"}")? == 1.0).then_some(())
     });
-    assert_eq!(router.metric("hearth_route_queue_depth{model=\"m\"}"), Some(0.0));
+    assert_eq!(
+        router.metric("hearth_route_queue_depth{model=\"m\"}"),
+        Some(0.0)
+    );
     let c = open(addr, "/v1/completions", &body);
     wait_until("a request queued", T, || {
         (router.metric("hearth_route_queue_depth{model=\"m\"}")? == 1.0).then_some(())
@@ -230,7 +266,9 @@ fn a_replica_leaving_the_routed_set_finishes_its_requests_and_gets_no_new_one() 
     assert_eq!(a["ok"], json!(true), "{a}");
     routed_at_router(&router, "m", 1.0);
     // New requests go elsewhere while x finishes.
-    let later: Vec<_> = (0..2).map(|_| spawn(move || complete(addr, "m", T))).collect();
+    let later: Vec<_> = (0..2)
+        .map(|_| spawn(move || complete(addr, "m", T)))
+        .collect();
     let r = held.join().unwrap().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-hearth-replica"), Some(x.as_str()));

@@ -85,7 +85,9 @@ fn serve(conn: UnixStream, routed: Vec<Value>, reports: Reports) {
     let mut w = conn.try_clone().unwrap();
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
-        let Ok(v) = serde_json::from_str::<Value>(&line) else { return };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            return;
+        };
         let answer = match v["op"].as_str() {
             Some("watch") => {
                 let mut out = String::from("{\"ok\":true}\n");
@@ -111,14 +113,22 @@ struct Toy(Child);
 impl Toy {
     fn start(port: u16) -> Toy {
         let mut cmd = Command::new(HEARTH);
-        cmd.args(["toy-server", "--port", &port.to_string(), "--service-time", "20ms"])
-            .env_remove("HEARTH_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "toy-server",
+            "--port",
+            &port.to_string(),
+            "--service-time",
+            "20ms",
+        ])
+        .env_remove("HEARTH_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         let t = Toy(cmd.spawn().unwrap());
         let addr = format!("127.0.0.1:{port}").parse().unwrap();
-        wait_until("the toy server", T, || get(addr, "/health").ok().filter(|r| r.status == 200));
+        wait_until("the toy server", T, || {
+            get(addr, "/health").ok().filter(|r| r.status == 200)
+        });
         t
     }
 }
@@ -169,15 +179,31 @@ fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
         .filter(|r| r["model"] == "a" && r.get("replica").is_none())
         .collect();
     let per_replica: Vec<&Value> = got.iter().filter(|r| r["replica"] == "a-1").collect();
-    assert!(wide_a.len() >= 4, "model-wide reports in 1 s: {}", wide_a.len());
-    assert!(per_replica.len() >= 4, "replica reports in 1 s: {}", per_replica.len());
+    assert!(
+        wide_a.len() >= 4,
+        "model-wide reports in 1 s: {}",
+        wide_a.len()
+    );
+    assert!(
+        per_replica.len() >= 4,
+        "replica reports in 1 s: {}",
+        per_replica.len()
+    );
     let last = wide_a.last().unwrap();
     assert_eq!(last["queue_depth"], 0, "{last}");
     assert_eq!(last["oldest_wait_ms"], 0.0, "{last}");
     assert_eq!(last["arrived"], 3, "{last}");
     assert_eq!(last["completed"], 3, "{last}");
     let rep = per_replica.last().unwrap();
-    assert_eq!((rep["in_flight"].clone(), rep["arrived"].clone(), rep["completed"].clone()), (json!(0), json!(3), json!(3)), "{rep}");
+    assert_eq!(
+        (
+            rep["in_flight"].clone(),
+            rep["arrived"].clone(),
+            rep["completed"].clone()
+        ),
+        (json!(0), json!(3), json!(3)),
+        "{rep}"
+    );
     assert!(got.iter().all(|r| r["op"] == "report"));
 
     // A request for b, which has nothing routed: held, reported at once as waiting work.
@@ -204,7 +230,10 @@ fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
     }
     std::thread::sleep(Duration::from_millis(500));
     assert!(!held.is_finished(), "b's request was not held");
-    assert_eq!(router.metric("hearth_route_queue_depth{model=\"b\"}"), Some(1.0));
+    assert_eq!(
+        router.metric("hearth_route_queue_depth{model=\"b\"}"),
+        Some(1.0)
+    );
 
     // The daemon is back and routes b: the held request is served, and reports flow again with
     // the counters the router kept.
@@ -224,10 +253,7 @@ fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
             .find(|r| r["model"] == "a" && r.get("replica").is_none())
     });
     assert!(again["arrived"].as_u64().unwrap() >= 6, "{again}");
-    assert_eq!(
-        get(addr, "/health").unwrap().json()["daemon"],
-        "connected"
-    );
+    assert_eq!(get(addr, "/health").unwrap().json()["daemon"], "connected");
     eprintln!("b's request waited {:?} in all", sent.elapsed());
     daemon.stop();
 }

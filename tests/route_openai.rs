@@ -41,7 +41,15 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     daemon.wait_routed("tiny", 1, Duration::from_secs(300));
     wait_until("the router routing tiny", Duration::from_secs(30), || {
         let bearer = format!("Bearer {KEY}");
-        let r = request(addr, "GET", "/metrics", &[("Authorization", &bearer)], b"", Duration::from_secs(10)).ok()?;
+        let r = request(
+            addr,
+            "GET",
+            "/metrics",
+            &[("Authorization", &bearer)],
+            b"",
+            Duration::from_secs(10),
+        )
+        .ok()?;
         (sample(&r.text(), "hearth_route_routed_replicas{model=\"tiny\"}")? == 1.0).then_some(())
     });
 
@@ -64,13 +72,26 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     eprintln!("openai client saw: {v}");
-    assert_eq!(v["models"], serde_json::json!(["tiny", "gpt-4o-mini"]), "{v}");
+    assert_eq!(
+        v["models"],
+        serde_json::json!(["tiny", "gpt-4o-mini"]),
+        "{v}"
+    );
     assert_eq!(v["chat"]["content_is_str"], true, "{v}");
-    assert!(v["chat"]["completion_tokens"].as_u64().unwrap_or(0) > 0, "{v}");
-    assert!(v["chat_stream"]["chunks"].as_u64().unwrap() >= 2, "streamed in pieces: {v}");
+    assert!(
+        v["chat"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{v}"
+    );
+    assert!(
+        v["chat_stream"]["chunks"].as_u64().unwrap() >= 2,
+        "streamed in pieces: {v}"
+    );
     assert_eq!(v["chat_stream"]["finish_reason"], "length", "{v}");
     assert_eq!(v["completion"]["text_is_str"], true, "{v}");
-    assert!(v["completion_stream"]["chunks"].as_u64().unwrap() >= 2, "{v}");
+    assert!(
+        v["completion_stream"]["chunks"].as_u64().unwrap() >= 2,
+        "{v}"
+    );
     assert_eq!(v["unknown_model"]["status"], 404, "{v}");
     assert_eq!(v["unknown_model"]["code"], "model_not_found", "{v}");
     assert_eq!(v["bad_key"]["status"], 401, "{v}");

@@ -38,7 +38,10 @@ pub async fn handle(
     if path == "/health" {
         return Ok(health(&router, req.method()));
     }
-    if !errors::authorized(&router.settings.api_keys, req.headers().get(header::AUTHORIZATION)) {
+    if !errors::authorized(
+        &router.settings.api_keys,
+        req.headers().get(header::AUTHORIZATION),
+    ) {
         router.metrics.request(None, 401);
         return Ok(errors::error(
             Failure::Unauthorized,
@@ -56,7 +59,10 @@ pub async fn handle(
         (&Method::GET, "/v1/models") => models(&router),
         (&Method::POST, p) if OPENAI_PATHS.contains(&p) => openai(&router, req, arrived).await,
         (_, p) if OPENAI_PATHS.contains(&p) || p == "/v1/models" || p == "/metrics" => {
-            errors::error(Failure::MethodNotAllowed, format!("{p}: method not allowed"))
+            errors::error(
+                Failure::MethodNotAllowed,
+                format!("{p}: method not allowed"),
+            )
         }
         (_, p) if p.starts_with("/m/") => prefix(&router, req, arrived).await,
         (_, p) => {
@@ -154,7 +160,16 @@ async fn openai(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or_else(|| parts.uri.path());
-    proxy::forward(router, model, parts.method, pq, parts.headers, body, arrived).await
+    proxy::forward(
+        router,
+        model,
+        parts.method,
+        pq,
+        parts.headers,
+        body,
+        arrived,
+    )
+    .await
 }
 
 /// `/m/{model}/{path}`: the model's own server API, for the paths it allows.
@@ -183,7 +198,10 @@ async fn prefix(
         return counted(
             router,
             Some(model),
-            errors::error(Failure::MethodNotAllowed, "the prefix route takes GET and POST"),
+            errors::error(
+                Failure::MethodNotAllowed,
+                "the prefix route takes GET and POST",
+            ),
         );
     }
     let m = &router.settings.models[model];
@@ -214,7 +232,16 @@ async fn prefix(
         Ok(b) => b,
         Err(resp) => return counted(router, Some(model), resp),
     };
-    proxy::forward(router, model, parts.method, &pq, parts.headers, body, arrived).await
+    proxy::forward(
+        router,
+        model,
+        parts.method,
+        &pq,
+        parts.headers,
+        body,
+        arrived,
+    )
+    .await
 }
 
 /// The whole body, within `max_body` and `BODY_TIMEOUT`.
@@ -257,7 +284,11 @@ async fn read_body(
     }
 }
 
-fn counted(router: &Router, model: Option<usize>, resp: Response<RouteBody>) -> Response<RouteBody> {
+fn counted(
+    router: &Router,
+    model: Option<usize>,
+    resp: Response<RouteBody>,
+) -> Response<RouteBody> {
     router.metrics.request(model, resp.status().as_u16());
     resp
 }

@@ -95,7 +95,12 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
         shutdown.clone(),
         tracker.clone(),
     ));
-    let models: Vec<&str> = router.settings.models.iter().map(|m| m.name.as_str()).collect();
+    let models: Vec<&str> = router
+        .settings
+        .models
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
     tracing::info!(
         "serving on http://{addr} for {} model(s) ({}); daemon socket {}{}",
         models.len(),

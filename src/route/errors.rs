@@ -89,7 +89,11 @@ pub fn json_response(status: StatusCode, body: &Value) -> Response<RouteBody> {
     r
 }
 
-pub fn text_response(status: StatusCode, content_type: &'static str, body: String) -> Response<RouteBody> {
+pub fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<RouteBody> {
     let mut r = Response::new(RouteBody::full(body));
     *r.status_mut() = status;
     r.headers_mut()
@@ -105,7 +109,10 @@ pub fn authorized(keys: &[String], header: Option<&HeaderValue>) -> bool {
     }
     let Some(token) = header
         .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        .and_then(|h| {
+            h.strip_prefix("Bearer ")
+                .or_else(|| h.strip_prefix("bearer "))
+        })
         .map(str::trim)
     else {
         return false;
@@ -119,8 +126,8 @@ pub fn authorized(keys: &[String], header: Option<&HeaderValue>) -> bool {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
-    for i in 0..a.len() {
-        diff |= usize::from(a[i] ^ b.get(i).copied().unwrap_or(0));
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
     }
     diff == 0
 }
@@ -131,7 +138,10 @@ mod tests {
 
     #[test]
     fn bearer_tokens_match_whole_keys_only() {
-        let keys = vec!["0123456789abcdef".to_string(), "fedcba9876543210".to_string()];
+        let keys = vec![
+            "0123456789abcdef".to_string(),
+            "fedcba9876543210".to_string(),
+        ];
         let h = |s: &'static str| HeaderValue::from_static(s);
         assert!(authorized(&keys, Some(&h("Bearer 0123456789abcdef"))));
         assert!(authorized(&keys, Some(&h("Bearer fedcba9876543210"))));

@@ -118,13 +118,11 @@ pub fn apply(
     text: &str,
     path: &Path,
 ) -> Result<RouteSettings, RouteConfigError> {
-    let err = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
-        RouteConfigError {
-            file: path.to_path_buf(),
-            line: span.map(|r| line_at(text, r.start)),
-            key: key.to_string(),
-            message,
-        }
+    let err = |span: Option<std::ops::Range<usize>>, key: &str, message: String| RouteConfigError {
+        file: path.to_path_buf(),
+        line: span.map(|r| line_at(text, r.start)),
+        key: key.to_string(),
+        message,
     };
     let raw: RawFile =
         toml::from_str(text).map_err(|e| err(e.span(), "route", e.message().trim().to_string()))?;
@@ -134,14 +132,18 @@ pub fn apply(
             err(
                 Some(v.span()),
                 "route.listen",
-                format!("{:?}: expected IP:PORT, e.g. \"127.0.0.1:8080\"", v.get_ref()),
+                format!(
+                    "{:?}: expected IP:PORT, e.g. \"127.0.0.1:8080\"",
+                    v.get_ref()
+                ),
             )
         })?;
     }
     let default_queue = match r.max_queue {
-        Some(v) => Some(bounded(&v, 0, MAX_QUEUE_LIMIT as i64).map_err(|m| {
-            err(Some(v.span()), "route.max_queue", m)
-        })? as usize),
+        Some(v) => Some(
+            bounded(&v, 0, MAX_QUEUE_LIMIT as i64)
+                .map_err(|m| err(Some(v.span()), "route.max_queue", m))? as usize,
+        ),
         None => None,
     };
     if let Some(q) = default_queue {
@@ -313,11 +315,23 @@ paths = ["/embedding"]
         let cases = [
             ("[route]\nlisten = \"nowhere\"\n", 2, "route.listen"),
             ("[route]\n\nmax_queue = -1\n", 3, "route.max_queue"),
-            ("[route]\nqueue_timeout = \"0s\"\n", 2, "route.queue_timeout"),
+            (
+                "[route]\nqueue_timeout = \"0s\"\n",
+                2,
+                "route.queue_timeout",
+            ),
             ("[route.aliases]\nx = \"ghost\"\n", 2, "route.aliases.x"),
-            ("[route.aliases]\nembed = \"llama\"\n", 2, "route.aliases.embed"),
+            (
+                "[route.aliases]\nembed = \"llama\"\n",
+                2,
+                "route.aliases.embed",
+            ),
             ("[route.model.ghost]\nslots = 2\n", 1, "route.model.ghost"),
-            ("[route.model.llama]\nslots = 0\n", 2, "route.model.llama.slots"),
+            (
+                "[route.model.llama]\nslots = 0\n",
+                2,
+                "route.model.llama.slots",
+            ),
             (
                 "[route.model.llama]\npaths = [\"/a/../b\"]\n",
                 2,
@@ -330,7 +344,11 @@ paths = ["/embedding"]
         for (text, line, key) in cases {
             let e = apply(base(), text, Path::new("r.toml")).unwrap_err();
             assert_eq!((e.line, e.key.as_str()), (Some(line), key), "{text}: {e}");
-            assert!(e.to_string().starts_with(&format!("r.toml:{line}: {key}: ")), "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("r.toml:{line}: {key}: ")),
+                "{e}"
+            );
         }
     }
 }

@@ -47,7 +47,9 @@ pub async fn follow(router: Arc<Router>, socket: PathBuf, shutdown: Cancellation
             router.set_daemon_connected(false);
         }
         if let Err(e) = result {
-            log.warn(format!("watch: {e}; serving on the last routed set meanwhile"));
+            log.warn(format!(
+                "watch: {e}; serving on the last routed set meanwhile"
+            ));
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -41,8 +41,7 @@ pub fn model_of(body: &[u8]) -> Result<(String, std::ops::Range<usize>), BodyErr
         }
     })?;
     let raw = probe.model.ok_or(BodyError::NoModel)?;
-    let name: String =
-        serde_json::from_str(raw.get()).map_err(|_| BodyError::ModelNotString)?;
+    let name: String = serde_json::from_str(raw.get()).map_err(|_| BodyError::ModelNotString)?;
     // The raw value borrows from `body`: its offset there is where the value starts.
     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
     Ok((name, start..start + raw.get().len()))

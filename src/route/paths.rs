@@ -133,7 +133,10 @@ fn segments(path: &str) -> Option<Vec<&str>> {
     }
     let rest = path.strip_prefix('/')?;
     let lower = rest.to_ascii_lowercase();
-    if ["%2f", "%2e", "%5c", "%00"].iter().any(|e| lower.contains(e)) {
+    if ["%2f", "%2e", "%5c", "%00"]
+        .iter()
+        .any(|e| lower.contains(e))
+    {
         return None;
     }
     let segs: Vec<&str> = rest.split('/').collect();

@@ -19,15 +19,17 @@ use super::upstream;
 enum Attempt {
     /// An answer, with its first frame when the body had one: committed to, unless its status
     /// calls for another replica.
-    Answer {
-        parts: hyper::http::response::Parts,
-        first: Option<Frame<Bytes>>,
-        rest: Option<Incoming>,
-    },
+    Answer(Box<Answer>),
     /// Refused, reset or closed before any byte of the answer's body: safe to send elsewhere.
     ConnectionFailed(String),
     /// Anything else (an answer that is not HTTP): not retried.
     Failed(String),
+}
+
+struct Answer {
+    parts: hyper::http::response::Parts,
+    first: Option<Frame<Bytes>>,
+    rest: Option<Incoming>,
 }
 
 /// Whether a status says the replica could not take the request (its own proxy failed, or it is
@@ -46,25 +48,25 @@ async fn attempt(router: &Router, req: hyper::Request<http_body_util::Full<Bytes
     };
     let (parts, mut body) = resp.into_parts();
     if unavailable(parts.status) || body.is_end_stream() {
-        return Attempt::Answer {
+        return Attempt::Answer(Box::new(Answer {
             parts,
             first: None,
             rest: (!body.is_end_stream()).then_some(body),
-        };
+        }));
     }
     // Nothing goes to the client before the first frame: a replica that dies before it still
     // leaves the request free to go elsewhere.
     match body.frame().await {
-        None => Attempt::Answer {
+        None => Attempt::Answer(Box::new(Answer {
             parts,
             first: None,
             rest: None,
-        },
-        Some(Ok(f)) => Attempt::Answer {
+        })),
+        Some(Ok(f)) => Attempt::Answer(Box::new(Answer {
             parts,
             first: Some(f),
             rest: (!body.is_end_stream()).then_some(body),
-        },
+        })),
         Some(Err(e)) if upstream::connection_failed(&e) => {
             Attempt::ConnectionFailed(upstream::describe(&e))
         }
@@ -114,9 +116,10 @@ pub async fn forward(
             return refused(r, "");
         }
     };
-    router
-        .metrics
-        .queue_wait(model, lease.granted_at.duration_since(arrived).as_secs_f64());
+    router.metrics.queue_wait(
+        model,
+        lease.granted_at.duration_since(arrived).as_secs_f64(),
+    );
     let strip_auth = !router.settings.api_keys.is_empty();
     let mut retried = false;
     loop {
@@ -137,15 +140,15 @@ pub async fn forward(
         };
         let sent = Instant::now();
         let why = match attempt(router, req).await {
-            Attempt::Answer { parts, first, rest }
-                if !(unavailable(parts.status)
+            Attempt::Answer(a)
+                if !(unavailable(a.parts.status)
                     && !retried
                     && router.has_other(model, lease.grant.replica)) =>
             {
                 left.0 = None;
-                return relay(router, model, lease, parts, first, rest, arrived, sent);
+                return relay(router, model, lease, *a, arrived, sent);
             }
-            Attempt::Answer { parts, .. } => format!("answered {}", parts.status),
+            Attempt::Answer(a) => format!("answered {}", a.parts.status),
             Attempt::ConnectionFailed(why) if !retried => why,
             Attempt::ConnectionFailed(why) | Attempt::Failed(why) => {
                 lease.eject();
@@ -154,7 +157,10 @@ pub async fn forward(
                 router.metrics.request(Some(model), 502);
                 return errors::error(
                     Failure::Upstream,
-                    format!("replica {} of model {:?} failed: {why}", lease.grant.id, m.name),
+                    format!(
+                        "replica {} of model {:?} failed: {why}",
+                        lease.grant.id, m.name
+                    ),
                 );
             }
         };
@@ -175,7 +181,7 @@ pub async fn forward(
                 return refused(
                     r,
                     &format!("; replica {failed_id} failed before answering: {why}"),
-                )
+                );
             }
         };
     }
@@ -192,17 +198,19 @@ impl Drop for ClientLeft {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn relay(
     router: &Arc<Router>,
     model: usize,
     lease: Lease,
-    mut parts: hyper::http::response::Parts,
-    first: Option<Frame<Bytes>>,
-    rest: Option<Incoming>,
+    answer: Answer,
     arrived: Instant,
     sent: Instant,
 ) -> Response<RouteBody> {
+    let Answer {
+        mut parts,
+        first,
+        rest,
+    } = answer;
     upstream::strip_hop_by_hop(&mut parts.headers);
     // An error event can be appended only where the length is not fixed.
     let sse = parts

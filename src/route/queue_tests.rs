@@ -40,7 +40,10 @@ fn slots_bound_each_replica_and_the_least_outstanding_gets_the_next() {
     q.set_routed(0, &[ep("m-1", 1), ep("m-2", 2)], t0);
     let a = granted(q.admit(0, t0, || 0));
     let b = granted(q.admit(0, t0, || 0));
-    assert_ne!(a.replica, b.replica, "the idle replica takes the second request");
+    assert_ne!(
+        a.replica, b.replica,
+        "the idle replica takes the second request"
+    );
     let c = granted(q.admit(0, t0, || 0));
     let d = granted(q.admit(0, t0, || 0));
     assert_ne!(c.replica, d.replica);
@@ -210,7 +213,11 @@ fn a_retry_with_no_other_replica_is_refused_and_leaving_replicas_do_not_count() 
         }],
         t0,
     );
-    assert_eq!(q.retry(0, a.replica, t0, || 1), Admit::NoOther, "{other} left");
+    assert_eq!(
+        q.retry(0, a.replica, t0, || 1),
+        Admit::NoOther,
+        "{other} left"
+    );
 }
 
 #[test]

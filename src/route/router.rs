@@ -68,7 +68,11 @@ impl Router {
 
     /// A free slot on the model's least outstanding replica, waiting in the model's FIFO until
     /// one frees or `timeout` passes.
-    pub async fn acquire(self: &Arc<Self>, model: usize, timeout: Duration) -> Result<Lease, Refused> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        model: usize,
+        timeout: Duration,
+    ) -> Result<Lease, Refused> {
         let mut rx = None;
         let admitted = self.with_queues(|q| {
             q.admit(model, Instant::now(), || {

@@ -118,7 +118,11 @@ pub fn connection_failed(e: &(dyn StdError + 'static)) -> bool {
             use std::io::ErrorKind::*;
             if matches!(
                 io.kind(),
-                ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | BrokenPipe
+                    | UnexpectedEof
             ) {
                 return true;
             }
@@ -149,15 +153,28 @@ mod tests {
     #[test]
     fn hop_by_hop_and_router_headers_stay_behind() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.insert(header::HOST, HeaderValue::from_static("front.example"));
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
         let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let r = request(&Method::POST, "/v1/x?a=1", &h, addr, Bytes::from_static(b"{}"), true)
-            .unwrap();
+        let r = request(
+            &Method::POST,
+            "/v1/x?a=1",
+            &h,
+            addr,
+            Bytes::from_static(b"{}"),
+            true,
+        )
+        .unwrap();
         assert_eq!(r.uri().to_string(), "http://127.0.0.1:9/v1/x?a=1");
         let h = r.headers();
         assert!(h.get("x-secret").is_none());
@@ -167,7 +184,10 @@ mod tests {
         assert_eq!(h[header::HOST], "127.0.0.1:9");
         assert_eq!(h[header::CONTENT_TYPE], "application/json");
         let mut h2 = HeaderMap::new();
-        h2.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer replica-key"));
+        h2.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer replica-key"),
+        );
         let r = request(&Method::GET, "/", &h2, addr, Bytes::new(), false).unwrap();
         assert_eq!(r.headers()[header::AUTHORIZATION], "Bearer replica-key");
     }

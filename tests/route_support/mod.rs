@@ -169,7 +169,8 @@ impl Model {
 
     /// The streaming stand-in (`route_support/stream_replica.py`).
     pub fn streaming(name: &str) -> Model {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/route_support/stream_replica.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/route_support/stream_replica.py");
         Model::with_command(
             name,
             vec![
@@ -354,10 +355,14 @@ impl Daemon {
 
     /// Waits until `model` has `n` routed replicas; returns them.
     pub fn wait_routed(&self, model: &str, n: usize, timeout: Duration) -> Vec<Value> {
-        wait_until(&format!("{n} routed replica(s) of {model}"), timeout, || {
-            let r = self.in_state(model, "routed");
-            (r.len() == n).then_some(r)
-        })
+        wait_until(
+            &format!("{n} routed replica(s) of {model}"),
+            timeout,
+            || {
+                let r = self.in_state(model, "routed");
+                (r.len() == n).then_some(r)
+            },
+        )
     }
 
     pub fn log(&self) -> String {
@@ -419,7 +424,11 @@ impl Router {
             }
             get(addr, "/health").ok().filter(|r| r.status == 200)
         });
-        assert!(ok.is_some(), "hearth route never answered:\n{}", tail(&log, 40));
+        assert!(
+            ok.is_some(),
+            "hearth route never answered:\n{}",
+            tail(&log, 40)
+        );
         Router {
             addr,
             child: Some(child),
@@ -592,8 +601,13 @@ pub fn open(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
 
 /// The value of an unlabelled or fully labelled series in a Prometheus text page.
 pub fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    page.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Sends a request on a new connection and reads the answer's head.
@@ -612,10 +626,9 @@ pub fn send(
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
-    if !headers
-        .iter()
-        .any(|(k, _)| k.eq_ignore_ascii_case("content-length") || k.eq_ignore_ascii_case("transfer-encoding"))
-    {
+    if !headers.iter().any(|(k, _)| {
+        k.eq_ignore_ascii_case("content-length") || k.eq_ignore_ascii_case("transfer-encoding")
+    }) {
         head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     head.push_str("\r\n");
@@ -709,15 +722,20 @@ pub fn complete(addr: SocketAddr, model: &str, timeout: Duration) -> io::Result<
 }
 
 /// Requests run on threads, for the ones a test must keep waiting.
-pub fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+pub fn spawn<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
     std::thread::spawn(f)
 }
 
 // ---- watch --------------------------------------------------------------------------------------
 
+/// Events in order of arrival, stamped, and a condition to wait for more.
+type Events = Arc<(Mutex<Vec<(Instant, Value)>>, Condvar)>;
+
 /// A watch on the daemon, read by a thread; events stamped on arrival.
 pub struct Watch {
-    events: Arc<(Mutex<Vec<(Instant, Value)>>, Condvar)>,
+    events: Events,
     stream: UnixStream,
 }
 
@@ -725,7 +743,7 @@ impl Watch {
     pub fn open(socket: &Path) -> Watch {
         let mut s = UnixStream::connect(socket).expect("connect for watch");
         s.write_all(b"{\"op\":\"watch\"}\n").unwrap();
-        let events: Arc<(Mutex<Vec<(Instant, Value)>>, Condvar)> = Arc::default();
+        let events: Events = Arc::default();
         let e2 = events.clone();
         let reader = BufReader::new(s.try_clone().unwrap());
         std::thread::spawn(move || {
@@ -842,7 +860,11 @@ pub fn real_model_dir() -> PathBuf {
         if !shared.join("real-model/setup.sh").exists() {
             shared = PathBuf::from("/work/shared");
         }
-        run_ok(Command::new("bash").arg(shared.join("real-model/setup.sh")).arg(&dir));
+        run_ok(
+            Command::new("bash")
+                .arg(shared.join("real-model/setup.sh"))
+                .arg(&dir),
+        );
     });
     dir
 }
@@ -856,10 +878,12 @@ pub fn openai_python() -> PathBuf {
     let dir = target_dir().join("openai-venv");
     once_in(&dir, "openai-venv.lock", || {
         run_ok(Command::new("python3").args(["-m", "venv"]).arg(&dir));
-        run_ok(
-            Command::new(dir.join("bin/pip"))
-                .args(["install", "-q", "--no-cache-dir", "openai"]),
-        );
+        run_ok(Command::new(dir.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--no-cache-dir",
+            "openai",
+        ]));
     });
     dir.join("bin/python")
 }
