@@ -271,7 +271,7 @@ async fn read_body(
         Ok(Ok(b)) => Ok(b.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(errors::error(
-            Failure::BadJson,
+            Failure::BadRequest,
             format!("reading the body: {e}"),
         )),
         Err(_) => Err(errors::error(

@@ -88,6 +88,22 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
         socket.clone(),
         shutdown.clone(),
     ));
+    // Replicas passed over after a failed connection take waiting requests again once their
+    // time is up, daemon or not.
+    let ticker = {
+        let (router, shutdown) = (router.clone(), shutdown.clone());
+        async move {
+            let mut every = tokio::time::interval(link::REPORT_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = every.tick() => router.tick(),
+                }
+            }
+        }
+    };
+    links.spawn(ticker);
     links.close();
     let server = tokio::spawn(server::serve(
         listener,

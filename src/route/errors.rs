@@ -11,6 +11,8 @@ use super::relay::RouteBody;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     BadJson,
+    /// A request that cannot be passed on as it is.
+    BadRequest,
     Unauthorized,
     NotFound,
     UnknownModel,
@@ -26,7 +28,7 @@ pub enum Failure {
 impl Failure {
     pub fn status(self) -> StatusCode {
         match self {
-            Failure::BadJson => StatusCode::BAD_REQUEST,
+            Failure::BadJson | Failure::BadRequest => StatusCode::BAD_REQUEST,
             Failure::Unauthorized => StatusCode::UNAUTHORIZED,
             Failure::NotFound | Failure::UnknownModel => StatusCode::NOT_FOUND,
             Failure::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -41,6 +43,7 @@ impl Failure {
     fn kind(self) -> (&'static str, &'static str) {
         match self {
             Failure::BadJson => ("invalid_request_error", "invalid_json"),
+            Failure::BadRequest => ("invalid_request_error", "invalid_request"),
             Failure::Unauthorized => ("invalid_request_error", "invalid_api_key"),
             Failure::NotFound => ("invalid_request_error", "not_found"),
             Failure::UnknownModel => ("invalid_request_error", "model_not_found"),

@@ -176,7 +176,6 @@ async fn report_once(
         if now >= next_tick {
             next_tick = now + REPORT_EVERY;
         }
-        router.tick();
         for r in router.reports() {
             let line = serde_json::to_string(&Request::Report(r)).expect("a report serializes");
             if let Err(e) = sink.feed(line).await {

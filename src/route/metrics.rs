@@ -75,7 +75,8 @@ impl Metrics {
         let upstream = Histograms::new_with_constructor(latency_histogram);
         registry.register(
             "requests",
-            "Requests answered, by model and HTTP status (499: the client left first)",
+            "Requests answered, by model and HTTP status (499: the client left first; 502 also \
+             counts answers cut off after their first byte)",
             requests.clone(),
         );
         registry.register(

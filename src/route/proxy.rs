@@ -101,7 +101,6 @@ pub async fn forward(
                     crate::units::format_duration(timeout)
                 ),
             ),
-            Refused::NoOther => errors::error(Failure::Upstream, why.trim_start_matches("; ")),
         };
         router.metrics.request(Some(model), resp.status().as_u16());
         resp
@@ -135,7 +134,7 @@ pub async fn forward(
             Err(e) => {
                 left.0 = None;
                 router.metrics.request(Some(model), 400);
-                return errors::error(Failure::BadJson, format!("cannot forward: {e}"));
+                return errors::error(Failure::BadRequest, format!("cannot forward: {e}"));
             }
         };
         let sent = Instant::now();

@@ -48,8 +48,6 @@ pub enum Admit {
     Queued(u64),
     /// The model's FIFO is full.
     Full,
-    /// A retry with no other routed replica to go to.
-    NoOther,
 }
 
 /// What the shell must deliver: this grant to the request behind this handle.
@@ -191,7 +189,8 @@ impl<T> Queues<T> {
     }
 
     /// A request whose replica failed before any byte reached its client: another replica now,
-    /// or a place ahead of the FIFO, or NoOther when no other replica is routed.
+    /// or a place ahead of the FIFO until one has a free slot (one may have yet to be routed:
+    /// the request is held, as any other, rather than failed).
     pub fn retry(
         &mut self,
         model: usize,
@@ -199,9 +198,6 @@ impl<T> Queues<T> {
         now: Instant,
         ticket: impl FnOnce() -> T,
     ) -> Admit {
-        if !self.has_other(model, failed) {
-            return Admit::NoOther;
-        }
         let m = &mut self.models[model];
         if let Some(g) = m.take_slot(model, Some(failed), now) {
             return Admit::Granted(g);

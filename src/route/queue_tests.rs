@@ -198,26 +198,21 @@ fn a_retry_goes_to_another_replica_ahead_of_the_fifo() {
 }
 
 #[test]
-fn a_retry_with_no_other_replica_is_refused_and_leaving_replicas_do_not_count() {
+fn a_retry_with_no_other_replica_waits_for_one_and_never_goes_back_to_the_failed_one() {
     let t0 = Instant::now();
     let mut q: Queues<u32> = Queues::new(&[model("m", 4, 10)]);
-    q.set_routed(0, &[ep("m-1", 1), ep("m-2", 2)], t0);
+    q.set_routed(0, &[ep("m-1", 1)], t0);
     let a = granted(q.admit(0, t0, || 0));
-    let other = if &*a.id == "m-1" { "m-2" } else { "m-1" };
-    q.set_routed(
-        0,
-        &[if &*a.id == "m-1" {
-            ep("m-1", 1)
-        } else {
-            ep("m-2", 2)
-        }],
-        t0,
-    );
-    assert_eq!(
-        q.retry(0, a.replica, t0, || 1),
-        Admit::NoOther,
-        "{other} left"
-    );
+    assert!(!q.has_other(0, a.replica));
+    q.eject(&a, t0);
+    assert!(q.release(&a, t0).is_empty());
+    let _ = queued(q.retry(0, a.replica, t0, || 1));
+    // The failed replica's ejection runs out: still not for the retry.
+    assert!(q.tick(t0 + EJECT_FOR * 2).is_empty());
+    // A new replica is routed: the retry goes there.
+    let out = q.set_routed(0, &[ep("m-1", 1), ep("m-2", 2)], ms(t0, 5000));
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].0, &*out[0].1.id), (1, "m-2"));
 }
 
 #[test]
@@ -261,7 +256,6 @@ fn many_seeds_of_random_operations_keep_every_invariant() {
                     Admit::Granted(g) => held.push(g),
                     Admit::Queued(s) => waiting.push(s),
                     Admit::Full => assert_eq!(waiting.len(), 5, "seed {seed}"),
-                    Admit::NoOther => unreachable!(),
                 },
                 2 if !held.is_empty() => {
                     let g = held.swap_remove(rnd(held.len() as u64) as usize);

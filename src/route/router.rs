@@ -35,8 +35,6 @@ pub struct Router {
 pub enum Refused {
     Full,
     Timeout,
-    /// A retry with no other routed replica.
-    NoOther,
 }
 
 /// A slot on a replica. Dropping it gives the slot back (the request ended, or its client
@@ -114,7 +112,6 @@ impl Router {
         let seq = match admitted {
             Admit::Granted(grant) => return Ok(self.lease(grant)),
             Admit::Full => return Err(Refused::Full),
-            Admit::NoOther => return Err(Refused::NoOther),
             Admit::Queued(seq) => seq,
         };
         let mut waiting = Waiting {
