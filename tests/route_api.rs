@@ -100,6 +100,22 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     let r = authed(addr, "POST", "/v1/completions", &completion("gpt-x"));
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["model"], "beta", "the body's model was rewritten");
+    // Embeddings are routed the same way (the toy has none: its own 404 comes back, from
+    // alpha's replica).
+    let r = authed(
+        addr,
+        "POST",
+        "/v1/embeddings",
+        json!({"model": "alpha", "input": "hi"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert!(
+        r.header("x-hearth-replica").unwrap().starts_with("alpha-"),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
     let models = authed(addr, "GET", "/v1/models", b"").json();
     let ids: Vec<&str> = models["data"]
         .as_array()
