@@ -263,6 +263,12 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
         m("hearth_route_requests_total{model=\"alpha\",status=\"200\"}"),
         Some(9.0)
     );
+    // alpha's 404s: two prefix-route paths it does not allow, and its replica's own answer to
+    // embeddings.
+    assert_eq!(
+        m("hearth_route_requests_total{model=\"alpha\",status=\"404\"}"),
+        Some(3.0)
+    );
     assert_eq!(
         m("hearth_route_requests_total{model=\"beta\",status=\"200\"}"),
         Some(10.0)
