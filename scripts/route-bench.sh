@@ -172,56 +172,77 @@ to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms
 for c in 64 256; do
   { cat "$dir/post.lua"; echo "function delay() return $((c * 1000 / 3000)) end"; } >"$dir/paced-$c.lua"
 done
-run_wrk() { # target conns [paced] → "p50_us p99_us rps"
-  local url=$1 c=$2 paced=${3:-} t script=$dir/post.lua
+# CPU time (user + system, clock ticks) of a process and its children (nginx's workers).
+ticks() {
+  local total=0 p
+  for p in "$@" $(for q in "$@"; do pgrep -P "$q"; done); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+hz=$(getconf CLK_TCK)
+run_wrk() { # target conns paced pids… → "p50_us p99_us rps cpu_us_per_request"
+  local url=$1 c=$2 paced=$3 t script=$dir/post.lua
+  shift 3
   t=$((c < 2 ? 1 : 2))
   [ -n "$paced" ] && script=$dir/paced-$c.lua
-  local out
+  local out before after
+  before=$(ticks "$@")
   out=$(wrk -t"$t" -c"$c" -d"${secs}s" --latency -s "$script" "$url/v1/completions")
+  after=$(ticks "$@")
   if grep -q "Non-2xx" <<<"$out"; then echo "non-2xx answers from $url: $out" >&2; exit 1; fi
-  local p50 p99 rps
+  local p50 p99 rps n
   p50=$(awk '$1=="50%"{print $2}' <<<"$out" | to_us)
   p99=$(awk '$1=="99%"{print $2}' <<<"$out" | to_us)
   rps=$(awk '/Requests\/sec/{print $2}' <<<"$out")
-  echo "$p50 $p99 $rps"
+  n=$(awk '/requests in/{print $1}' <<<"$out")
+  echo "$p50 $p99 $rps $(python3 -c "print(round(($after - $before) * 1e6 / $hz / max($n, 1), 1))")"
 }
 declare -A url=([direct]="http://$upstream" [router]="http://127.0.0.1:$rport" [nginx]="http://127.0.0.1:$nport")
+# Whose CPU each run counts: the replica's nginx for direct, the proxy alone for the others.
+upstream_pid=$(status | python3 -c '
+import json, sys
+m = {m["name"]: m for m in json.load(sys.stdin)["models"]}
+print([x for x in m["bench"]["replicas"] if x["state"] == "routed"][0]["pid"])')
+declare -A cpu_of=([direct]="$upstream_pid" [router]="$route_pid" [nginx]="$(cat "$dir/proxy.pid")")
 results=$dir/results
 : >"$results"
 targets=(direct router nginx)
 echo "machine: $(nproc) CPUs, $(cut -d' ' -f1-3 /proc/loadavg) load before the run; $rounds round(s) of ${secs}s per point"
 for round in $(seq 1 "$rounds"); do
-  for point in 1 64 256 64p 256p; do
+  for point in ${ROUTE_BENCH_POINTS:-1 64 256 64p 256p}; do
     c=${point%p}
     paced=
     [ "$point" != "$c" ] && paced=1
     # Rotate the order so that no target always runs first (or right after another).
     for k in 0 1 2; do
       name=${targets[$(((k + round) % 3))]}
-      echo "$round $point $name $(run_wrk "${url[$name]}" "$c" "$paced")" >>"$results"
+      echo "$round $point $name $(run_wrk "${url[$name]}" "$c" "$paced" ${cpu_of[$name]})" >>"$results"
     done
   done
 done
 python3 - "$results" <<'EOF'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
-points = ("1", "64", "256", "64p", "256p")
+points = [p for p in ("1", "64", "256", "64p", "256p") if any(r[1] == p for r in rows)]
 label = {"1": "1", "64": "64", "256": "256", "64p": "64, paced", "256p": "256, paced"}
 med = {}
 for c in points:
     for t in ("direct", "router", "nginx"):
         xs = [r for r in rows if r[1] == c and r[2] == t]
-        med[(c, t)] = tuple(statistics.median(float(r[i]) for r in xs) for i in (3, 4, 5))
+        med[(c, t)] = tuple(statistics.median(float(r[i]) for r in xs) for i in (3, 4, 5, 6))
 print()
-print("| clients | target | p50 | p99 | req/s | added p50 | added p99 |")
-print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+print("CPU per request counts the target's own processes only (the replica's nginx for direct).")
+print()
+print("| clients | target | p50 | p99 | req/s | CPU/request | added p50 | added p99 |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for c in points:
     d = med[(c, "direct")]
     for t in ("direct", "router", "nginx"):
-        p50, p99, rps = med[(c, t)]
+        p50, p99, rps, cpu = med[(c, t)]
         add = "" if t == "direct" else f"{p50 - d[0]:+.0f} µs"
         add99 = "" if t == "direct" else f"{p99 - d[1]:+.0f} µs"
-        print(f"| {label[c]} | {t} | {p50:.0f} µs | {p99:.0f} µs | {rps:.0f} | {add} | {add99} |")
+        print(f"| {label[c]} | {t} | {p50:.0f} µs | {p99:.0f} µs | {rps:.0f} | {cpu:.1f} µs | {add} | {add99} |")
 print()
 for c in points:
     r, n = med[(c, "router")], med[(c, "nginx")]

@@ -38,7 +38,9 @@ pub fn main(args: RouteArgs) -> ExitCode {
         }
     };
     let _log = crate::agent::logging::init("info");
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    // The main thread's runtime serves connections too, and runs the listener, the daemon link
+    // and the signals; `threads - 1` more threads serve connections (see server.rs).
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -74,7 +76,24 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
     let grace = settings.shutdown_grace;
     let socket = settings.socket.clone();
     let addr = listener.local_addr()?;
+    let threads = settings.threads.max(1);
     let router = Arc::new(Router::new(settings));
+    // Worker threads run until every connection is done (or the grace is over).
+    let stop_workers = CancellationToken::new();
+    let mut workers = vec![tokio::runtime::Handle::current()];
+    let mut joins = Vec::new();
+    for i in 1..threads {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        workers.push(rt.handle().clone());
+        let stop = stop_workers.clone();
+        joins.push(
+            std::thread::Builder::new()
+                .name(format!("route-{i}"))
+                .spawn(move || rt.block_on(stop.cancelled()))?,
+        );
+    }
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let links = TaskTracker::new();
@@ -108,6 +127,7 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
     let server = tokio::spawn(server::serve(
         listener,
         router.clone(),
+        workers,
         shutdown.clone(),
         tracker.clone(),
     ));
@@ -118,7 +138,7 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
         .map(|m| m.name.as_str())
         .collect();
     tracing::info!(
-        "serving on http://{addr} for {} model(s) ({}); daemon socket {}{}",
+        "serving on http://{addr} with {threads} thread(s) for {} model(s) ({}); daemon socket {}{}",
         models.len(),
         models.join(", "),
         socket.display(),
@@ -150,5 +170,9 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
     // The daemon link ends with the cancel; a last report is not needed (the daemon ages
     // reports out after stale_after).
     let _ = tokio::time::timeout(Duration::from_secs(1), links.wait()).await;
+    stop_workers.cancel();
+    for j in joins {
+        let _ = j.join();
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! queue_timeout = "60s"
 //! max_body = "8MiB"
 //! max_connections = 4096
+//! threads = 4               # default: the CPUs, at most 4
 //! shutdown_grace = "30s"
 //! api_keys = ["sk-…"]       # empty or absent: no authentication
 //!
@@ -30,7 +31,7 @@ use toml::Spanned;
 
 use super::paths::PathRules;
 use super::settings::{
-    RouteSettings, MAX_BODY_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_SLOTS,
+    RouteSettings, MAX_BODY_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_SLOTS, MAX_THREADS,
 };
 use crate::config::Config;
 
@@ -74,6 +75,7 @@ struct RawRoute {
     queue_timeout: Option<Spanned<String>>,
     max_body: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+    threads: Option<Spanned<i64>>,
     shutdown_grace: Option<Spanned<String>>,
     api_keys: Option<Spanned<Vec<String>>>,
     #[serde(default)]
@@ -184,6 +186,10 @@ pub fn apply(
         s.max_connections = bounded(&v, 1, MAX_CONNECTIONS_LIMIT as i64)
             .map_err(|m| err(Some(v.span()), "route.max_connections", m))?
             as usize;
+    }
+    if let Some(v) = r.threads {
+        s.threads = bounded(&v, 1, MAX_THREADS as i64)
+            .map_err(|m| err(Some(v.span()), "route.threads", m))? as usize;
     }
     if let Some(v) = r.api_keys {
         for k in v.get_ref() {
@@ -339,6 +345,7 @@ paths = ["/embedding"]
             ),
             ("[route]\napi_keys = [\"short\"]\n", 2, "route.api_keys"),
             ("[route]\nmax_body = \"2GiB\"\n", 2, "route.max_body"),
+            ("[route]\nthreads = 0\n", 2, "route.threads"),
             ("[route]\nlisten_on = 1\n", 2, "route"),
         ];
         for (text, line, key) in cases {

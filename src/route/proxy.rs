@@ -38,8 +38,8 @@ fn unavailable(status: StatusCode) -> bool {
     status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
-async fn attempt(router: &Router, req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
-    let resp = match router.upstream.request(req).await {
+async fn attempt(req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
+    let resp = match upstream::send(req).await {
         Ok(r) => r,
         Err(e) if upstream::connection_failed(&e) => {
             return Attempt::ConnectionFailed(upstream::describe(&e))
@@ -138,7 +138,7 @@ pub async fn forward(
             }
         };
         let sent = Instant::now();
-        let why = match attempt(router, req).await {
+        let why = match attempt(req).await {
             Attempt::Answer(a)
                 if !(unavailable(a.parts.status)
                     && !retried

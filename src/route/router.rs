@@ -14,7 +14,6 @@ use tokio::sync::{oneshot, Notify};
 use super::metrics::Metrics;
 use super::queue::{Admit, Delivery, Grant, ModelState, Queues};
 use super::settings::RouteSettings;
-use super::upstream::{self, UpstreamClient};
 
 type Ticket = oneshot::Sender<Grant>;
 
@@ -22,7 +21,6 @@ pub struct Router {
     pub settings: RouteSettings,
     queues: Mutex<Queues<Ticket>>,
     pub metrics: Metrics,
-    pub upstream: UpstreamClient,
     /// Wakes the reporter: a report is due now, or the next crossing moved earlier.
     pub report_wake: Notify,
     pub daemon_connected: AtomicBool,
@@ -54,7 +52,6 @@ impl Router {
             settings,
             queues,
             metrics,
-            upstream: upstream::client(),
             report_wake: Notify::new(),
             daemon_connected: AtomicBool::new(false),
             started_unix: std::time::SystemTime::now()

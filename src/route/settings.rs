@@ -25,6 +25,10 @@ pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Requests one replica serves at once (DESIGN: `[[model]] slots`, default 1).
 pub const DEFAULT_SLOTS: u32 = 1;
+/// Threads serving connections, at most: a proxy's work is system calls, and a few threads
+/// carry tens of thousands of requests a second, more than a GPU host's replicas serve.
+pub const DEFAULT_MAX_THREADS: usize = 4;
+pub const MAX_THREADS: usize = 256;
 /// How long a SIGTERM lets requests in progress finish.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -43,6 +47,8 @@ pub struct RouteSettings {
     pub max_body: usize,
     pub max_connections: usize,
     pub shutdown_grace: Duration,
+    /// Threads serving client connections (each a single-threaded runtime of its own).
+    pub threads: usize,
     /// Bearer tokens; empty: no authentication.
     pub api_keys: Vec<String>,
     /// Another name → a configured model.
@@ -73,6 +79,9 @@ impl RouteSettings {
             max_body: DEFAULT_MAX_BODY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(DEFAULT_MAX_THREADS),
             api_keys: Vec::new(),
             aliases: BTreeMap::new(),
             models: models

@@ -24,7 +24,18 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 /// Largest response head a replica may send.
 const MAX_RESPONSE_HEAD: usize = 256 * 1024;
 
-pub fn client() -> UpstreamClient {
+thread_local! {
+    /// Each of the router's threads has its own pool of replica connections, used only by the
+    /// connections that thread serves: no lock or hand-off between threads on the way.
+    static CLIENT: UpstreamClient = client();
+}
+
+/// Sends a request to a replica on this thread's connection pool.
+pub fn send(req: Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
+    CLIENT.with(|c| c.request(req))
+}
+
+fn client() -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
