@@ -151,3 +151,29 @@ fn the_router_restarts_without_touching_a_replica() {
     assert_eq!(daemon.model("r")["restarts_total"], json!(0));
     drop(router);
 }
+
+#[test]
+fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
+    let setup = Setup::new(&[Model::toy("g", &["--service-time", "2s"]).scale(1, 1, 0)]);
+    let daemon = Daemon::start(&setup);
+    let (route, addr) = setup.route_file("shutdown_grace = \"20s\"\n");
+    let mut router = Router::start(&setup.config, &route, addr);
+    daemon.wait_routed("g", 1, T);
+    wait_until("the router routing", T, || {
+        (router.metric("hearth_route_routed_replicas{model=\"g\"}")? == 1.0).then_some(())
+    });
+    let held = spawn(move || complete(addr, "g", T));
+    wait_until("the request at the replica", T, || {
+        (router.metric("hearth_route_in_flight{model=\"g\"}")? == 1.0).then_some(())
+    });
+    kill(router.pid(), libc::SIGTERM);
+    wait_until("the listener closed", T, || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+            .is_err()
+            .then_some(())
+    });
+    let r = held.join().unwrap().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let status = router.kill(0).expect("the router's exit");
+    assert!(status.success(), "{status}");
+}

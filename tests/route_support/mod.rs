@@ -440,9 +440,12 @@ impl Router {
         self.child.as_ref().map_or(0, |c| c.id() as i32)
     }
 
+    /// Sends `sig` (none for 0) and waits for the exit.
     pub fn kill(&mut self, sig: i32) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        kill(c.id() as i32, sig);
+        if sig != 0 {
+            kill(c.id() as i32, sig);
+        }
         c.wait().ok()
     }
 
