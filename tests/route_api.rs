@@ -350,3 +350,34 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
     });
     assert_eq!(counts, json!({"429": 1.0, "503": 1.0, "200": 2.0}));
 }
+
+#[test]
+fn request_bodies_together_stay_within_max_buffered() {
+    let setup = Setup::new(&[Model::toy("b", &["--service-time", "3s"]).scale(1, 1, 0)]);
+    let daemon = Daemon::start(&setup);
+    let (route, addr) = setup.route_file("max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n");
+    let router = Router::start(&setup.config, &route, addr);
+    daemon.wait_routed("b", 1, T);
+    wait_until("the router routing", T, || {
+        (router.metric("hearth_route_routed_replicas{model=\"b\"}")? == 1.0).then_some(())
+    });
+    let big = || json!({"model": "b", "prompt": "x".repeat(3900)});
+    // One at the replica and one queued hold 4 KiB each: the bound is reached.
+    let a = spawn(move || post(addr, "/v1/completions", &big(), T));
+    wait_until("one at the replica", T, || {
+        (router.metric("hearth_route_in_flight{model=\"b\"}")? == 1.0).then_some(())
+    });
+    let b = spawn(move || post(addr, "/v1/completions", &big(), T));
+    wait_until("one queued", T, || {
+        (router.metric("hearth_route_queue_depth{model=\"b\"}")? == 1.0).then_some(())
+    });
+    let r = post(addr, "/v1/completions", &big(), T).unwrap();
+    assert_error(&r, 503, "overloaded");
+    let r = complete(addr, "b", T).unwrap();
+    assert_error(&r, 503, "overloaded");
+    assert_eq!(a.join().unwrap().unwrap().status, 200);
+    assert_eq!(b.join().unwrap().unwrap().status, 200);
+    // Given back: the next one is read and served.
+    let r = post(addr, "/v1/completions", &big(), T).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}

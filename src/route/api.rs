@@ -10,22 +10,19 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderMap};
+use hyper::header;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
+use super::body;
 use super::errors::{self, Failure};
 use super::model_field::{model_of, replace_model};
 use super::proxy;
 use super::relay::RouteBody;
 use super::router::Router;
-
-/// A client has this long to send its whole body once its headers are in.
-const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 const OPENAI_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
@@ -131,11 +128,11 @@ async fn openai(
     arrived: Instant,
 ) -> Response<RouteBody> {
     let (parts, body) = req.into_parts();
-    let body = match read_body(router, &parts.headers, body).await {
+    let body = match body::read(router, &parts.headers, body).await {
         Ok(b) => b,
         Err(resp) => return counted(router, None, resp),
     };
-    let (name, span) = match model_of(&body) {
+    let (name, span) = match model_of(&body.bytes) {
         Ok(x) => x,
         Err(e) => return counted(router, None, errors::error(Failure::BadJson, e.to_string())),
     };
@@ -151,7 +148,8 @@ async fn openai(
     };
     let canonical = &router.settings.models[model].name;
     let body = if *canonical != name {
-        Bytes::from(replace_model(&body, span, canonical))
+        let renamed = Bytes::from(replace_model(&body.bytes, span, canonical));
+        body.replace(renamed)
     } else {
         body
     };
@@ -228,7 +226,7 @@ async fn prefix(
         None => server_path.to_string(),
     };
     let (parts, body) = req.into_parts();
-    let body = match read_body(router, &parts.headers, body).await {
+    let body = match body::read(router, &parts.headers, body).await {
         Ok(b) => b,
         Err(resp) => return counted(router, Some(model), resp),
     };
@@ -242,46 +240,6 @@ async fn prefix(
         arrived,
     )
     .await
-}
-
-/// The whole body, within `max_body` and `BODY_TIMEOUT`.
-async fn read_body(
-    router: &Router,
-    headers: &HeaderMap,
-    body: Incoming,
-) -> Result<Bytes, Response<RouteBody>> {
-    let max = router.settings.max_body;
-    let too_large = || {
-        errors::error(
-            Failure::TooLarge,
-            format!("the body is larger than {} bytes", max),
-        )
-    };
-    // A declared length over the limit is refused before a byte of it is read.
-    if let Some(len) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > max as u64 {
-            return Err(too_large());
-        }
-    }
-    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, max).collect()).await {
-        Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(errors::error(
-            Failure::BadRequest,
-            format!("reading the body: {e}"),
-        )),
-        Err(_) => Err(errors::error(
-            Failure::BodyTimeout,
-            format!(
-                "the body did not arrive within {}",
-                crate::units::format_duration(BODY_TIMEOUT)
-            ),
-        )),
-    }
 }
 
 fn counted(

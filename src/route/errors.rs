@@ -21,6 +21,8 @@ pub enum Failure {
     BodyTimeout,
     QueueFull,
     QueueTimeout,
+    /// The router holds as much request data as it may.
+    Busy,
     /// A replica could not be reached, or failed, and no other could take the request.
     Upstream,
 }
@@ -35,7 +37,7 @@ impl Failure {
             Failure::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Failure::QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            Failure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            Failure::QueueTimeout | Failure::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Failure::Upstream => StatusCode::BAD_GATEWAY,
         }
     }
@@ -52,6 +54,7 @@ impl Failure {
             Failure::BodyTimeout => ("invalid_request_error", "request_timeout"),
             Failure::QueueFull => ("rate_limit_error", "queue_full"),
             Failure::QueueTimeout => ("server_error", "queue_timeout"),
+            Failure::Busy => ("server_error", "overloaded"),
             Failure::Upstream => ("server_error", "upstream_failed"),
         }
     }

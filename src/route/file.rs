@@ -8,6 +8,7 @@
 //! max_queue = 1024          # per model, unless the model says otherwise
 //! queue_timeout = "60s"
 //! max_body = "8MiB"
+//! max_buffered = "1GiB"     # request bodies held at once, all requests together
 //! max_connections = 4096
 //! threads = 4               # default: the CPUs, at most 4
 //! shutdown_grace = "30s"
@@ -31,7 +32,8 @@ use toml::Spanned;
 
 use super::paths::PathRules;
 use super::settings::{
-    RouteSettings, MAX_BODY_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_SLOTS, MAX_THREADS,
+    RouteSettings, MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT,
+    MAX_SLOTS, MAX_THREADS,
 };
 use crate::config::Config;
 
@@ -74,6 +76,7 @@ struct RawRoute {
     max_queue: Option<Spanned<i64>>,
     queue_timeout: Option<Spanned<String>>,
     max_body: Option<Spanned<String>>,
+    max_buffered: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
     threads: Option<Spanned<i64>>,
     shutdown_grace: Option<Spanned<String>>,
@@ -170,6 +173,8 @@ pub fn apply(
             }
         }
     }
+    let body_span = r.max_body.as_ref().map(|v| v.span());
+    let buffered_span = r.max_buffered.as_ref().map(|v| v.span());
     if let Some(v) = r.max_body {
         let b = crate::units::parse_size(v.get_ref())
             .map_err(|m| err(Some(v.span()), "route.max_body", m))?;
@@ -181,6 +186,28 @@ pub fn apply(
             ));
         }
         s.max_body = b as usize;
+    }
+    if let Some(v) = r.max_buffered {
+        let b = crate::units::parse_size(v.get_ref())
+            .map_err(|m| err(Some(v.span()), "route.max_buffered", m))?;
+        if b > MAX_BUFFERED_LIMIT as u64 {
+            return Err(err(
+                Some(v.span()),
+                "route.max_buffered",
+                format!("at most {} GiB", MAX_BUFFERED_LIMIT >> 30),
+            ));
+        }
+        s.max_buffered = b as usize;
+    }
+    if s.max_buffered < s.max_body {
+        return Err(err(
+            buffered_span.or(body_span),
+            "route.max_buffered",
+            format!(
+                "{} B is less than max_body ({} B): no request of max_body could be read",
+                s.max_buffered, s.max_body
+            ),
+        ));
     }
     if let Some(v) = r.max_connections {
         s.max_connections = bounded(&v, 1, MAX_CONNECTIONS_LIMIT as i64)
@@ -346,6 +373,11 @@ paths = ["/embedding"]
             ("[route]\napi_keys = [\"short\"]\n", 2, "route.api_keys"),
             ("[route]\nmax_body = \"2GiB\"\n", 2, "route.max_body"),
             ("[route]\nthreads = 0\n", 2, "route.threads"),
+            (
+                "[route]\nmax_body = \"2MiB\"\nmax_buffered = \"1MiB\"\n",
+                3,
+                "route.max_buffered",
+            ),
             ("[route]\nlisten_on = 1\n", 2, "route"),
         ];
         for (text, line, key) in cases {

@@ -16,6 +16,7 @@
 //! - `cmd`: the process.
 
 pub mod api;
+pub mod body;
 pub mod cmd;
 pub mod errors;
 pub mod file;

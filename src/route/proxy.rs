@@ -10,6 +10,7 @@ use hyper::body::{Body, Bytes, Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 
+use super::body::Buffered;
 use super::errors::{self, Failure};
 use super::relay::{Relay, RouteBody};
 use super::router::{Lease, Refused, Router};
@@ -81,7 +82,7 @@ pub async fn forward(
     method: Method,
     path_and_query: &str,
     headers: HeaderMap,
-    body: Bytes,
+    body: Buffered,
     arrived: Instant,
 ) -> Response<RouteBody> {
     let m = &router.settings.models[model];
@@ -127,7 +128,7 @@ pub async fn forward(
             path_and_query,
             &headers,
             lease.grant.addr,
-            body.clone(),
+            body.bytes.clone(),
             strip_auth,
         ) {
             Ok(r) => r,

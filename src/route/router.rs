@@ -24,6 +24,8 @@ pub struct Router {
     /// Wakes the reporter: a report is due now, or the next crossing moved earlier.
     pub report_wake: Notify,
     pub daemon_connected: AtomicBool,
+    /// `max_buffered`, in units of `body::UNIT` bytes: what request bodies may hold together.
+    pub body_budget: Arc<tokio::sync::Semaphore>,
     /// Unix time at start, for `/v1/models`' `created`.
     pub started_unix: u64,
 }
@@ -47,6 +49,12 @@ pub struct Lease {
 impl Router {
     pub fn new(settings: RouteSettings) -> Router {
         let queues = Mutex::new(Queues::new(&settings.models));
+        let body_budget = Arc::new(tokio::sync::Semaphore::new(
+            settings
+                .max_buffered
+                .div_ceil(super::body::UNIT)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         let metrics = Metrics::new(&settings.models);
         Router {
             settings,
@@ -54,6 +62,7 @@ impl Router {
             metrics,
             report_wake: Notify::new(),
             daemon_connected: AtomicBool::new(false),
+            body_budget,
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

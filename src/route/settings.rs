@@ -21,6 +21,8 @@ pub const DEFAULT_MAX_QUEUE: usize = 1024;
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest request body. Chat requests with base64 images run to a few MiB.
 pub const DEFAULT_MAX_BODY: usize = 8 << 20;
+/// Request bodies held at once, all requests together (reading, queued, being sent).
+pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 /// Concurrent client connections; more wait in the kernel's accept backlog.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Requests one replica serves at once (DESIGN: `[[model]] slots`, default 1).
@@ -36,6 +38,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const MAX_SLOTS: u32 = 65_536;
 pub const MAX_QUEUE_LIMIT: usize = 1_000_000;
 pub const MAX_BODY_LIMIT: usize = 1 << 30;
+pub const MAX_BUFFERED_LIMIT: usize = 1 << 40;
 pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +48,7 @@ pub struct RouteSettings {
     pub socket: PathBuf,
     pub queue_timeout: Duration,
     pub max_body: usize,
+    pub max_buffered: usize,
     pub max_connections: usize,
     pub shutdown_grace: Duration,
     /// Threads serving client connections (each a single-threaded runtime of its own).
@@ -77,6 +81,7 @@ impl RouteSettings {
             socket,
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
             max_body: DEFAULT_MAX_BODY,
+            max_buffered: DEFAULT_MAX_BUFFERED,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             threads: std::thread::available_parallelism()
