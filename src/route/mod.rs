@@ -9,7 +9,7 @@
 //! - `settings`, `file`, `paths`: what it runs with, checked before it starts.
 //! - `queue`: the decisions (FIFO, slots, choice of replica, reports), pure.
 //! - `router`: the queue shared by request tasks, and leases on slots.
-//! - `server`, `api`, `model_field`, `errors`: the HTTP side.
+//! - `server`, `api`, `body`, `model_field`, `errors`: the HTTP side.
 //! - `proxy`, `upstream`, `relay`: a request's way to a replica and its answer's way back.
 //! - `link`: the daemon's watch and the reports.
 //! - `metrics`: `hearth_route_*`.
