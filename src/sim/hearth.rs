@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::config::{Config, WarmPool};
 use crate::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, ReplicaId, Time};
-use crate::protocol::{Report, Request, WatchEvent};
+use crate::protocol::{ReplicaState, Report, Request, WatchEvent, WatchedState};
 
 use super::engine::{Driver, Ev, Sim};
 use super::Us;
@@ -33,7 +33,7 @@ pub struct HearthDriver {
     tick: Us,
     by_id: BTreeMap<String, u32>,
     /// The core's last published state of each replica, by sim index.
-    state: BTreeMap<u32, String>,
+    state: BTreeMap<u32, WatchedState>,
     routed: BTreeSet<u32>,
     /// Spawned while building the initial fleet: warm at once.
     prewarmed: BTreeSet<u32>,
@@ -43,6 +43,15 @@ pub struct HearthDriver {
     scale_actions: u64,
     /// `hearth` or `hearth-nopool`, for `--decisions`.
     label: &'static str,
+}
+
+/// A replica in this state reports its queue every second, as a real server would while it
+/// serves (routed) or finishes its work (draining).
+fn reports(s: &WatchedState) -> bool {
+    matches!(
+        s,
+        WatchedState::State(ReplicaState::Routed | ReplicaState::Draining)
+    )
 }
 
 fn time(us: Us) -> Time {
@@ -55,8 +64,8 @@ impl HearthDriver {
         // The simulated host has room for every replica: placement is not what is measured.
         config.models.retain(|m| m.name == model);
         for m in &mut config.models {
-            m.gpus = 0;
-            m.gpu_memory = None;
+            m.launch.gpus = 0;
+            m.launch.gpu_memory = None;
             if !pool {
                 m.scaling.warm_pool = WarmPool::Fixed(0);
             }
@@ -196,7 +205,10 @@ impl HearthDriver {
             }
             Action::Publish(WatchEvent::Replica { replica, state, .. }) => {
                 if let Some(&r) = self.by_id.get(&replica) {
-                    if state == "draining" || state == "stopping" {
+                    if matches!(
+                        state,
+                        WatchedState::State(ReplicaState::Draining | ReplicaState::Stopping)
+                    ) {
                         sim.cl.replicas[r as usize].draining = true;
                     }
                     self.state.insert(r, state);
@@ -268,18 +280,12 @@ impl Driver for HearthDriver {
         let reporting: Vec<u32> = self
             .state
             .iter()
-            .filter(|(r, s)| {
-                (s.as_str() == "routed" || s.as_str() == "draining")
-                    && sim.cl.replicas[**r as usize].alive()
-            })
+            .filter(|(r, s)| reports(s) && sim.cl.replicas[**r as usize].alive())
             .map(|(r, _)| *r)
             .collect();
         for r in reporting {
             // An earlier report this second may have stopped it.
-            let still = self
-                .state
-                .get(&r)
-                .is_some_and(|s| s == "routed" || s == "draining");
+            let still = self.state.get(&r).is_some_and(reports);
             if still && sim.cl.replicas[r as usize].alive() {
                 let ev = self.report(sim, Some(r));
                 self.feed(sim, ev);
