@@ -63,6 +63,7 @@ http {
 }
 EOF
 ports_first=$(free_port)
+rport=$(free_port)
 sock=$dir/hearth.sock
 cat >"$dir/config.toml" <<EOF
 [daemon]
@@ -79,6 +80,7 @@ name = "bench"
 command = ["sh", "-c", "sed 's/@PORT@/{port}/g' $dir/upstream.conf.in > $dir/up-{port}.conf && exec nginx -p $dir -c $dir/up-{port}.conf"]
 gpus = 0
 stop_grace = "2s"
+slots = 4096
 [model.warmup]
 url = "http://127.0.0.1:{port}/v1/completions"
 body = '{"model":"bench","prompt":"hi"}'
@@ -99,19 +101,15 @@ expect_body = "ok"
 [model.scaling]
 min = 1
 max = 1
-EOF
-rport=$(free_port)
-cat >"$dir/route.toml" <<EOF
+
 [route]
 listen = "127.0.0.1:$rport"
-[route.model.bench]
-slots = 4096
 [route.model.slow]
 max_queue = 100000
 EOF
 HEARTH_SOCKET= "$hearth" daemon --config "$dir/config.toml" >"$dir/logs/daemon.log" 2>&1 &
 pids+=($!)
-"$hearth" route --config "$dir/config.toml" --route-config "$dir/route.toml" >"$dir/logs/route.log" 2>&1 &
+"$hearth" route --config "$dir/config.toml" >"$dir/logs/route.log" 2>&1 &
 route_pid=$!
 pids+=($route_pid)
 status() { HEARTH_SOCKET=$sock "$hearth" status --json 2>/dev/null; }

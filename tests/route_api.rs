@@ -60,7 +60,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
          [route.aliases]\n\"gpt-x\" = \"beta\"\n\
          [route.model.alpha]\npaths = [\"/v1/completions\"]\n"
     ));
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("alpha", 1, T);
     daemon.wait_routed("beta", 2, T);
     wait_until("the router to see both routed sets", T, || {
@@ -288,13 +288,15 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
 fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice() {
     let setup = Setup::new(&[
         Model::toy("slow", &["--service-time", "6s"]).scale(1, 1, 0),
-        Model::toy("fast", &["--concurrency", "2", "--service-time", "10ms"]).scale(1, 1, 0),
+        Model {
+            slots: 2,
+            ..Model::toy("fast", &["--concurrency", "2", "--service-time", "10ms"]).scale(1, 1, 0)
+        },
     ]);
     let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file(
-        "queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n[route.model.fast]\nslots = 2\n",
-    );
-    let router = Router::start(&setup.config, &route, addr);
+    let (route, addr) =
+        setup.route_file("queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n");
+    let router = Router::start(&route, addr);
     daemon.wait_routed("slow", 1, T);
     daemon.wait_routed("fast", 1, T);
     wait_until("the router to see the routed sets", T, || {
@@ -356,7 +358,7 @@ fn request_bodies_together_stay_within_max_buffered() {
     let setup = Setup::new(&[Model::toy("b", &["--service-time", "3s"]).scale(1, 1, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("b", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"b\"}")? == 1.0).then_some(())

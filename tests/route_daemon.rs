@@ -20,7 +20,7 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
     let setup = Setup::new(&[m]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     let warm = wait_until("one warm replica, none routed", T, || {
         let model = daemon.model("z");
         let warm = daemon.in_state("z", "warm");
@@ -77,7 +77,7 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
     let setup = Setup::new(&[m]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("w", 1, T);
     wait_until("one warm", T, || {
         (daemon.in_state("w", "warm").len() == 1).then_some(())
@@ -113,7 +113,7 @@ fn the_router_restarts_without_touching_a_replica() {
     let setup = Setup::new(&[Model::toy("r", &["--service-time", "20ms"]).scale(2, 2, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let mut router = Router::start(&setup.config, &route, addr);
+    let mut router = Router::start(&route, addr);
     let before: Vec<Value> = daemon.wait_routed("r", 2, T);
     let pids = |v: &[Value]| -> Vec<(String, i64)> {
         let mut p: Vec<(String, i64)> = v
@@ -137,7 +137,7 @@ fn the_router_restarts_without_touching_a_replica() {
         complete(addr, "r", Duration::from_secs(2)).is_err(),
         "the router is gone"
     );
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     let r = wait_until("an answer through the new router", T, || {
         complete(addr, "r", T).ok().filter(|r| r.status == 200)
     });
@@ -157,7 +157,7 @@ fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
     let setup = Setup::new(&[Model::toy("g", &["--service-time", "2s"]).scale(1, 1, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("shutdown_grace = \"20s\"\n");
-    let mut router = Router::start(&setup.config, &route, addr);
+    let mut router = Router::start(&route, addr);
     daemon.wait_routed("g", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"g\"}")? == 1.0).then_some(())

@@ -47,7 +47,7 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "4s"]).scale(2, 2, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
 
@@ -91,7 +91,7 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
     let setup = Setup::new(&[Model::streaming("s").scale(2, 2, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("s", 2, T);
     routed_at_router(&router, "s", 2.0);
     let stream = |gate: &std::path::Path, chat: bool| {
@@ -190,7 +190,7 @@ fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "5s"]).scale(1, 1, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     let replica = daemon.wait_routed("m", 1, T)[0].clone();
     routed_at_router(&router, "m", 1.0);
     let toy: std::net::SocketAddr = replica["addr"].as_str().unwrap().parse().unwrap();
@@ -255,7 +255,7 @@ fn a_replica_leaving_the_routed_set_finishes_its_requests_and_gets_no_new_one() 
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "3s"]).scale(2, 2, 0)]);
     let daemon = Daemon::start(&setup);
     let (route, addr) = setup.route_file("");
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
     let watch = Watch::open(&daemon.socket);

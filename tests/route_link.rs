@@ -149,7 +149,10 @@ fn routed(model: &str, replicas: &[(&str, u16)]) -> Value {
 #[test]
 fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
     let setup = Setup::new(&[
-        Model::toy("a", &[]).scale(1, 1, 0),
+        Model {
+            slots: 2,
+            ..Model::toy("a", &[]).scale(1, 1, 0)
+        },
         Model::toy("b", &[]).scale(1, 1, 0),
     ]);
     let (pa, pb) = (free_ports(1).0, free_ports(1).0);
@@ -161,8 +164,8 @@ fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
         vec![routed("a", &[("a-1", pa)]), routed("b", &[])],
         reports.clone(),
     );
-    let (route, addr) = setup.route_file("queue_timeout = \"2m\"\n[route.model.a]\nslots = 2\n");
-    let router = Router::start(&setup.config, &route, addr);
+    let (route, addr) = setup.route_file("queue_timeout = \"2m\"\n");
+    let router = Router::start(&route, addr);
     wait_until("a routed at the router", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"a\"}")? == 1.0).then_some(())
     });

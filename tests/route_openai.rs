@@ -37,7 +37,7 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     let (route, addr) = setup.route_file(&format!(
         "api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"
     ));
-    let router = Router::start(&setup.config, &route, addr);
+    let router = Router::start(&route, addr);
     daemon.wait_routed("tiny", 1, Duration::from_secs(300));
     wait_until("the router routing tiny", Duration::from_secs(30), || {
         let bearer = format!("Bearer {KEY}");

@@ -271,6 +271,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
                 in_flight,
                 arrived,
                 completed,
+                router: None,
             }),
             Render::Quiet,
         ),

@@ -540,6 +540,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         // Above.
         launch: _,
         priority,
+        slots,
         stop_grace,
         liveness,
         signal,
@@ -552,6 +553,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
     };
     vec![
         ("priority", with(&|m| m.priority = priority + 1)),
+        ("slots", with(&|m| m.slots = slots + 1)),
         (
             "stop_grace",
             with(&|m| m.stop_grace = stop_grace + Duration::from_secs(1)),

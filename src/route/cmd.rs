@@ -13,19 +13,17 @@ use tokio_util::task::TaskTracker;
 
 use super::router::Router;
 use super::settings::RouteSettings;
-use super::{file, link, server};
+use super::{link, server};
 use crate::agent::notify::Notifier;
-use crate::config::Config;
+use crate::config::{Checks, Config};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RouteArgs {
-    /// The daemon's configuration: its models, their target waits, its socket
+    /// The daemon's configuration file: its models (their slots and target waits), its socket,
+    /// and the `[route]` table (listen, max_queue, queue_timeout, max_body, api_keys, aliases…;
+    /// every key has a default)
     #[arg(long, default_value = "/etc/hearth/config.toml")]
     pub config: PathBuf,
-    /// The `[route]` table: listen, max_queue, queue_timeout, max_body, api_keys, aliases, and
-    /// per model slots, max_queue and paths (defaults for everything when absent)
-    #[arg(long = "route-config")]
-    pub route_config: Option<PathBuf>,
 }
 
 /// Reads the settings; exits 1 naming file, line and key when they are wrong.
@@ -60,9 +58,11 @@ pub fn main(args: RouteArgs) -> ExitCode {
     }
 }
 
+/// The file as the daemon reads it, less the host checks of the daemon's own work (the models'
+/// programs need not exist where the front door runs).
 pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
-    let config = Config::load(&args.config).map_err(|e| e.to_string())?;
-    file::load(&config, args.route_config.as_deref()).map_err(|e| e.to_string())
+    let config = Config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
+    Ok(RouteSettings::from_config(&config))
 }
 
 async fn run(settings: RouteSettings) -> anyhow::Result<()> {

@@ -99,6 +99,11 @@ async fn watch_once(
         let Some(index) = router.settings.models.iter().position(|m| m.name == model) else {
             continue;
         };
+        // One model, one `slots`: every endpoint carries the same. A routed set with none (an
+        // empty one, or from a daemon before `slots`) keeps the last, at first the file's.
+        if let Some(slots) = endpoints.iter().filter_map(|e| e.slots).max() {
+            router.set_slots(index, slots);
+        }
         let parsed: Vec<(String, SocketAddr)> = endpoints
             .into_iter()
             .filter_map(|e| match e.addr.parse() {
@@ -176,7 +181,10 @@ async fn report_once(
         if now >= next_tick {
             next_tick = now + REPORT_EVERY;
         }
-        for r in router.reports() {
+        for mut r in router.reports() {
+            // Marks the reports as a front door's: the daemon lets them supersede the
+            // replicas' own reports and scrapes for the model.
+            r.router = Some(router.name.clone());
             let line = serde_json::to_string(&Request::Report(r)).expect("a report serializes");
             if let Err(e) = sink.feed(line).await {
                 return format!("writing: {e}");

@@ -6,7 +6,7 @@
 //! like any reporter); the daemon never spawns it, and it can restart without touching a
 //! replica.
 //!
-//! - `settings`, `file`, `paths`: what it runs with, checked before it starts.
+//! - `settings`, `paths`: what it runs with (from the `[route]` table that `config` checks).
 //! - `queue`: the decisions (FIFO, slots, choice of replica, reports), pure.
 //! - `router`: the queue shared by request tasks, and leases on slots.
 //! - `server`, `api`, `body`, `model_field`, `errors`: the HTTP side.
@@ -19,7 +19,6 @@ pub mod api;
 pub mod body;
 pub mod cmd;
 pub mod errors;
-pub mod file;
 pub mod link;
 pub mod metrics;
 pub mod model_field;

@@ -304,6 +304,14 @@ impl<T> Queues<T> {
         self.dispatch(model, now)
     }
 
+    /// The model's slots per replica, as the daemon's routed set says (`[[model]] slots`, live
+    /// across reloads); bounded like the file's key, since the number comes from outside.
+    pub fn set_slots(&mut self, model: usize, slots: u32, now: Instant) -> Vec<Delivery<T>> {
+        let m = &mut self.models[model];
+        m.slots = slots.clamp(1, crate::route::settings::MAX_SLOTS);
+        self.dispatch(model, now)
+    }
+
     /// Periodic: replicas whose ejection ran out take waiting requests again.
     pub fn tick(&mut self, now: Instant) -> Vec<Delivery<T>> {
         let mut out = Vec::new();
@@ -331,6 +339,7 @@ impl<T> Queues<T> {
                 in_flight: Some(queued + running),
                 arrived: Some(m.arrived),
                 completed: Some(m.completed),
+                router: None,
             });
             for r in &m.replicas {
                 out.push(Report {
@@ -341,6 +350,7 @@ impl<T> Queues<T> {
                     in_flight: Some(u64::from(r.in_flight)),
                     arrived: Some(r.arrived),
                     completed: Some(r.completed),
+                    router: None,
                 });
             }
             m.replicas.retain(|r| r.routed || r.in_flight > 0);

@@ -297,3 +297,26 @@ fn many_seeds_of_random_operations_keep_every_invariant() {
         }
     }
 }
+
+#[test]
+fn slots_from_the_daemon_apply_at_once_and_are_bounded() {
+    let t0 = Instant::now();
+    let mut q: Queues<u32> = Queues::new(&[model("m", 1, 10)]);
+    q.set_routed(0, &[ep("m-1", 1)], t0);
+    let _a = granted(q.admit(0, t0, || 0));
+    queued(q.admit(0, t0, || 1));
+    queued(q.admit(0, t0, || 2));
+    queued(q.admit(0, t0, || 3));
+    // A reload raised `slots` to 3: two waiters go now, in order; the third still waits.
+    let out = q.set_slots(0, 3, ms(t0, 1));
+    assert_eq!(out.iter().map(|d| d.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(q.states(ms(t0, 1))[0].slots, 3);
+    // Nonsense from the socket is bounded, never zero (nothing would ever be granted).
+    q.set_slots(0, 0, ms(t0, 2));
+    assert_eq!(q.states(ms(t0, 2))[0].slots, 1);
+    q.set_slots(0, u32::MAX, ms(t0, 2));
+    assert_eq!(
+        q.states(ms(t0, 2))[0].slots,
+        crate::route::settings::MAX_SLOTS
+    );
+}

@@ -28,6 +28,9 @@ pub struct Router {
     pub body_budget: Arc<tokio::sync::Semaphore>,
     /// Unix time at start, for `/v1/models`' `created`.
     pub started_unix: u64,
+    /// Its name in reports (`router`), by which the daemon tells a front door's reports from
+    /// the replicas' own: where it listens.
+    pub name: String,
 }
 
 /// Why a request got no replica.
@@ -56,7 +59,9 @@ impl Router {
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         ));
         let metrics = Metrics::new(&settings.models);
+        let name = format!("hearth route {}", settings.listen);
         Router {
+            name,
             settings,
             queues,
             metrics,
@@ -164,6 +169,10 @@ impl Router {
     /// The daemon's routed set for a model.
     pub fn set_routed(&self, model: usize, endpoints: &[(String, std::net::SocketAddr)]) {
         self.with_queues(|q| q.set_routed(model, endpoints, Instant::now()));
+    }
+
+    pub fn set_slots(&self, model: usize, slots: u32) {
+        self.with_queues(|q| q.set_slots(model, slots, Instant::now()));
     }
 
     /// Periodic: ejections that ran out free their replicas' slots for waiting requests.

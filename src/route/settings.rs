@@ -2,9 +2,10 @@
 //! the limits on what clients may send and queue, the keys, the aliases, and per model its slots,
 //! queue bound, target wait and the paths its prefix route passes.
 //!
-//! Built from the daemon's configuration (models, their `scaling.target_wait`, `daemon.socket`)
-//! plus the `[route]` table (see `file.rs`), so that the router and the daemon agree on the
-//! models by construction.
+//! Built from the configuration file the daemon reads (models, their `slots` and
+//! `scaling.target_wait`, `daemon.socket`, and the `[route]` table, checked in
+//! `config::validate::route`), so that the router and the daemon agree on the models by
+//! construction.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -100,6 +101,39 @@ impl RouteSettings {
                 })
                 .collect(),
         }
+    }
+
+    /// What `hearth route --config FILE` runs with: the file's models and its `[route]` table.
+    pub fn from_config(config: &crate::config::Config) -> RouteSettings {
+        let r = &config.route;
+        let mut s = RouteSettings::defaults(
+            config.daemon.socket.clone(),
+            config
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), m.scaling.target_wait))
+                .collect(),
+        );
+        s.listen = r.listen;
+        s.queue_timeout = r.queue_timeout;
+        s.max_body = r.max_body;
+        s.max_buffered = r.max_buffered;
+        s.max_connections = r.max_connections;
+        s.shutdown_grace = r.shutdown_grace;
+        if let Some(t) = r.threads {
+            s.threads = t;
+        }
+        s.api_keys = r.api_keys.clone();
+        s.aliases = r.aliases.clone();
+        for (m, cfg) in s.models.iter_mut().zip(&config.models) {
+            m.slots = cfg.slots;
+            let own = r.models.get(&m.name);
+            m.max_queue = own.and_then(|o| o.max_queue).unwrap_or(r.max_queue);
+            if let Some(p) = own.and_then(|o| o.paths.clone()) {
+                m.paths = p;
+            }
+        }
+        s
     }
 
     /// The configured model a client's name means: a model's own name or an alias.

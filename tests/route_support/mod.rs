@@ -152,6 +152,8 @@ pub struct Model {
     pub startup_timeout: &'static str,
     pub stop_grace: &'static str,
     pub drain_timeout: &'static str,
+    /// `[[model]] slots`
+    pub slots: u32,
 }
 
 impl Model {
@@ -197,6 +199,7 @@ impl Model {
             startup_timeout: "1m",
             stop_grace: "2s",
             drain_timeout: "30s",
+            slots: 1,
         }
     }
 
@@ -210,7 +213,7 @@ impl Model {
     fn render(&self) -> String {
         let command: Vec<String> = self.command.iter().map(|s| q(s)).collect();
         format!(
-            "[[model]]\nname = {}\ncommand = [{}]\ngpus = 0\nstop_grace = {}\n\n\
+            "[[model]]\nname = {}\ncommand = [{}]\ngpus = 0\nstop_grace = {}\nslots = {}\n\n\
              [model.warmup]\nurl = {}\nbody = {}\nheaders = {{ \"content-type\" = \"application/json\" }}\n\
              expect_body = {}\ntimeout = \"30s\"\nstartup_timeout = {}\nrecheck = \"10m\"\n\n\
              [model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = {}\n\
@@ -218,6 +221,7 @@ impl Model {
             q(&self.name),
             command.join(", "),
             q(self.stop_grace),
+            self.slots,
             q(&self.warmup_url),
             q(&self.warmup_body),
             q(self.expect_body),
@@ -269,15 +273,15 @@ impl Setup {
         }
     }
 
-    /// Writes the `[route]` file (listen is added on a free port) and returns its path and the
-    /// address.
+    /// Adds the `[route]` table (listen on a free port, then `extra`) to the configuration
+    /// file and returns the file and the address.
     pub fn route_file(&self, extra: &str) -> (PathBuf, SocketAddr) {
         let port = free_ports(1).0;
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let text = format!("[route]\nlisten = \"{addr}\"\n{extra}");
-        let path = self.dir.path().join("route.toml");
-        fs::write(&path, text).unwrap();
-        (path, addr)
+        let mut text = fs::read_to_string(&self.config).unwrap();
+        text.push_str(&format!("\n[route]\nlisten = \"{addr}\"\n{extra}"));
+        fs::write(&self.config, text).unwrap();
+        (self.config.clone(), addr)
     }
 }
 
@@ -401,16 +405,15 @@ pub struct Router {
 }
 
 impl Router {
-    /// `hearth route --config CONFIG --route-config ROUTE`; waits until it answers /health.
-    pub fn start(config: &Path, route: &Path, addr: SocketAddr) -> Router {
-        let log = route.with_extension(format!("{}.log", random_u64() % 100_000));
+    /// `hearth route --config CONFIG` (the file from `Setup::route_file`); waits until it
+    /// answers /health.
+    pub fn start(config: &Path, addr: SocketAddr) -> Router {
+        let log = config.with_extension(format!("route.{}.log", random_u64() % 100_000));
         let out = fs::File::create(&log).unwrap();
         let mut cmd = Command::new(HEARTH);
         cmd.arg("route")
             .arg("--config")
             .arg(config)
-            .arg("--route-config")
-            .arg(route)
             .env_remove("HEARTH_SOCKET")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -4,6 +4,7 @@
 mod checks;
 mod launch;
 mod placeholders;
+mod route;
 mod values;
 
 use std::path::Path;
