@@ -154,6 +154,8 @@ pub struct Model {
     pub drain_timeout: &'static str,
     /// `[[model]] slots`
     pub slots: u32,
+    pub down_stabilization: &'static str,
+    pub down_step: &'static str,
 }
 
 impl Model {
@@ -200,6 +202,8 @@ impl Model {
             stop_grace: "2s",
             drain_timeout: "30s",
             slots: 1,
+            down_stabilization: "10m",
+            down_step: "2m",
         }
     }
 
@@ -217,7 +221,7 @@ impl Model {
              [model.warmup]\nurl = {}\nbody = {}\nheaders = {{ \"content-type\" = \"application/json\" }}\n\
              expect_body = {}\ntimeout = \"30s\"\nstartup_timeout = {}\nrecheck = \"10m\"\n\n\
              [model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = {}\n\
-             idle_to_zero = {}\ndown_stabilization = \"10m\"\ndrain_timeout = {}\n\n",
+             idle_to_zero = {}\ndown_stabilization = {}\ndown_step = {}\ndrain_timeout = {}\n\n",
             q(&self.name),
             command.join(", "),
             q(self.stop_grace),
@@ -231,6 +235,8 @@ impl Model {
             self.warm_pool,
             q(self.target_wait),
             q(self.idle_to_zero),
+            q(self.down_stabilization),
+            q(self.down_step),
             q(self.drain_timeout),
         )
     }
@@ -245,12 +251,18 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(models: &[Model]) -> Setup {
+        Setup::with_spare_ports(models, 2)
+    }
+
+    /// With `spare` ports beyond the models' `max` (a rollout at `max` starts its new replicas
+    /// beside the old ones).
+    pub fn with_spare_ports(models: &[Model], spare: u32) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("hearth-route-")
             .tempdir()
             .unwrap();
         let socket = dir.path().join("hearth.sock");
-        let n: u32 = models.iter().map(|m| m.max).sum::<u32>() + 2;
+        let n: u32 = models.iter().map(|m| m.max).sum::<u32>() + spare;
         let ports = free_ports(n as u16);
         let mut text = format!(
             "[daemon]\nsocket = {}\nstate_dir = {}\nports = \"{}-{}\"\ntick = \"100ms\"\n\
