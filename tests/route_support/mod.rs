@@ -216,8 +216,15 @@ impl Model {
 
     fn render(&self) -> String {
         let command: Vec<String> = self.command.iter().map(|s| q(s)).collect();
+        // The account the test runs as, as testkit's presets do: a root daemon would otherwise
+        // run the replicas as an unprivileged account that may not reach the test's files.
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| format!("user = {}\n", q(&u.name)))
+            .unwrap_or_default();
         format!(
-            "[[model]]\nname = {}\ncommand = [{}]\ngpus = 0\nstop_grace = {}\nslots = {}\n\n\
+            "[[model]]\nname = {}\ncommand = [{}]\ngpus = 0\n{user}stop_grace = {}\nslots = {}\n\n\
              [model.warmup]\nurl = {}\nbody = {}\nheaders = {{ \"content-type\" = \"application/json\" }}\n\
              expect_body = {}\ntimeout = \"30s\"\nstartup_timeout = {}\nrecheck = \"10m\"\n\n\
              [model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\ntarget_wait = {}\n\
