@@ -140,6 +140,7 @@ fn report(replica: Option<String>, wait: f64, depth: u64, in_flight: u64, counte
         in_flight: Some(in_flight),
         arrived: Some(counter),
         completed: Some(counter / 2),
+        router: None,
     })
 }
 

@@ -114,6 +114,7 @@ fn report(replica: Option<&str>) -> Request {
         in_flight: Some(1),
         arrived: None,
         completed: None,
+        router: None,
     })
 }
 

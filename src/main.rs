@@ -36,6 +36,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Simulate(args) => hearth::sim::main(args),
+        Command::Route(args) => hearth::route::cmd::main(args),
         other => runtime().block_on(client_verb(other, socket)),
     }
 }

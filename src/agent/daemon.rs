@@ -67,6 +67,9 @@ pub struct Daemon {
 }
 
 /// What woke the loop.
+// One value at a time, on the loop's stack for one turn and never stored: boxing the message
+// would cost an allocation per message for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Wake {
     Msg(ShellMsg),
     /// SIGTERM/SIGINT; true from the second one on.

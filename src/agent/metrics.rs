@@ -430,6 +430,7 @@ mod tests {
             queue_depth: Some(7),
             in_flight: Some(1),
             age_ms: Some(10),
+            router: None,
         };
         let quiet = model("q");
         let gpus = vec![GpuView {

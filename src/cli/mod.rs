@@ -163,6 +163,8 @@ pub enum Command {
     },
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
+    /// The front door: an OpenAI-compatible HTTP entry point that queues for the daemon's replicas
+    Route(crate::route::cmd::RouteArgs),
     /// Replay traffic against hearth's policy and published autoscalers
     Simulate(crate::sim::SimArgs),
 }
@@ -183,6 +185,7 @@ impl Command {
             Command::Daemon { .. }
             | Command::CheckConfig { .. }
             | Command::ToyServer(_)
+            | Command::Route(_)
             | Command::Simulate(_) => None,
         }
     }
@@ -275,6 +278,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
                 in_flight,
                 arrived,
                 completed,
+                router: None,
             }),
             Render::Quiet,
         ),
@@ -314,6 +318,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
         Command::Daemon { .. }
         | Command::CheckConfig { .. }
         | Command::ToyServer(_)
+        | Command::Route(_)
         | Command::Simulate(_) => return None,
     })
 }

@@ -264,7 +264,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         "{t}"
     );
     assert!(!t.contains("- ms") && !t.contains("— ms"), "{t}");
-    assert!(t.contains("(min 1, max 4, pool auto)"), "{t}");
+    assert!(t.contains("(min 1, max 4, pool auto, 1 slot each)"), "{t}");
     let m1 = t.lines().find(|l| l.contains("m-1")).unwrap();
     assert!(m1.contains("GPU-3f1b6c2e…") && !m1.contains(UUID_A), "{m1}");
     let m2: Vec<&str> = t
@@ -281,6 +281,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         queue_depth: Some(12),
         in_flight: Some(3),
         age_ms: Some(40),
+        router: None,
     };
     let t = status_table(&StatusView {
         models: vec![model(fresh, vec![])],

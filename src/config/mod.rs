@@ -48,6 +48,38 @@ pub struct Config {
     pub access: AccessConfig,
     pub gpus: GpusConfig,
     pub models: Vec<ModelConfig>,
+    /// `[route]`: what `hearth route` runs with (the daemon only checks it).
+    pub route: RouteConfig,
+}
+
+/// `[route]`, the front door. Every key has a default, so a file without the table runs a front
+/// door on loopback with the defaults in `crate::route::settings`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    pub listen: SocketAddr,
+    /// Requests each model's FIFO holds, unless `[route.model.NAME] max_queue` says otherwise.
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+    pub max_body: usize,
+    /// Request bodies held at once, all requests together.
+    pub max_buffered: usize,
+    pub max_connections: usize,
+    /// None: the CPUs, at most `route::settings::DEFAULT_MAX_THREADS`.
+    pub threads: Option<usize>,
+    pub shutdown_grace: Duration,
+    /// Bearer tokens; empty: no authentication.
+    pub api_keys: Vec<String>,
+    /// Another name → a configured model.
+    pub aliases: BTreeMap<String, String>,
+    /// `[route.model.NAME]`, by model name (every name is a configured model).
+    pub models: BTreeMap<String, RouteModelConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteModelConfig {
+    pub max_queue: Option<usize>,
+    /// What `/m/{model}/…` passes; None: the inference paths.
+    pub paths: Option<crate::route::paths::PathRules>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -132,6 +164,9 @@ pub struct ModelConfig {
     /// start).
     pub start_alone: bool,
     pub priority: i32,
+    /// Requests one replica serves at once (`slots`, default 1): the front door never sends
+    /// more. Live: a change reaches the router through `watch`, replicas keep running.
+    pub slots: u32,
     pub stop_grace: Duration,
     pub liveness: Option<LivenessConfig>,
     pub signal: Option<SignalConfig>,

@@ -13,6 +13,9 @@
 
 mod capacity;
 mod event;
+mod front_door;
+#[cfg(test)]
+mod front_door_tests;
 mod gpu;
 #[cfg(test)]
 pub(crate) mod gpu_tests;

@@ -220,6 +220,8 @@ impl Node {
     // ---- routed set --------------------------------------------------------------------------
 
     pub(super) fn routed_endpoints(&self, model: &str) -> Vec<Endpoint> {
+        // Live: the configuration now, whatever spec the replica was launched from.
+        let slots = self.models.get(model).map_or(1, |m| m.config.slots);
         self.replicas
             .values()
             .filter(|r| r.model == model && r.state == ReplicaState::Routed)
@@ -227,6 +229,7 @@ impl Node {
                 Some(Endpoint {
                     replica: r.id.0.clone(),
                     addr: r.addr()?,
+                    slots: Some(slots),
                 })
             })
             .collect()

@@ -48,6 +48,7 @@ fn wide(
         in_flight: Some(in_flight),
         arrived: Some(arrived),
         completed: Some(completed),
+        router: None,
     };
     let resp = h.request(Peer::trusted(), Request::Report(r));
     assert_eq!(resp["ok"], true, "{resp}");
@@ -138,6 +139,7 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
                 in_flight: Some(13),
                 arrived: Some(1000 * i as u64 + 20 * s),
                 completed: Some(1000 * i as u64 + 4 * s),
+                router: None,
             };
             h.request(Peer::trusted(), Request::Report(r));
         }
@@ -160,6 +162,7 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
             in_flight: Some(13),
             arrived: Some(1000 * i as u64 + 20 * 4),
             completed: Some(1000 * i as u64 + 4 * 4),
+            router: None,
         };
         h.request(Peer::trusted(), Request::Report(r));
     }
@@ -415,6 +418,7 @@ fn saturated(
                 in_flight: Some(12),
                 arrived: Some(c.0),
                 completed: Some(c.1),
+                router: None,
             };
             h.request(Peer::trusted(), Request::Report(r));
         }
@@ -507,6 +511,7 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
             in_flight: Some(in_flight),
             arrived: Some(30 * i),
             completed: Some(30 * i),
+            router: None,
         };
         let resp = h.request(Peer::trusted(), Request::Report(r));
         assert_eq!(resp["ok"], true, "{resp}");
@@ -525,6 +530,7 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
         in_flight: Some(4_294_967_296),
         arrived: Some(30 * 14),
         completed: Some(30 * 14),
+        router: None,
     };
     let resp = h.request(Peer::trusted(), Request::Report(huge));
     assert_eq!(resp["error"], "bad_request", "{resp}");

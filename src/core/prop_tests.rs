@@ -543,6 +543,12 @@ impl World {
                     in_flight,
                     arrived,
                     completed,
+                    // Now and then a front door's report, sometimes with a hostile name.
+                    router: match p % 7 {
+                        0 => Some("door".into()),
+                        1 => Some("d\u{7}".repeat(100)),
+                        _ => None,
+                    },
                 };
                 let who = peer(self, p);
                 self.request(who, Request::Report(report));

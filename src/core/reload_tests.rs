@@ -551,6 +551,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         launch: _,
         start_alone,
         priority,
+        slots,
         stop_grace,
         liveness,
         signal,
@@ -564,6 +565,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
     vec![
         ("start_alone", with(&|m| m.start_alone = !start_alone)),
         ("priority", with(&|m| m.priority = priority + 1)),
+        ("slots", with(&|m| m.slots = slots + 1)),
         (
             "stop_grace",
             with(&|m| m.stop_grace = stop_grace + Duration::from_secs(1)),

@@ -208,21 +208,45 @@ impl Node {
             ));
         }
         report.check()?;
+        if let Some(name) = &report.router {
+            if !is_reporter {
+                return Err(Failure::new(
+                    ErrorCode::Forbidden,
+                    "a front door's reports (`router`) need the reporter role",
+                ));
+            }
+            if name.is_empty()
+                || name.len() > protocol::MAX_ROUTER_NAME
+                || name.chars().any(char::is_control)
+            {
+                return Err(Failure::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "router must be a name of 1 to {} printable characters",
+                        protocol::MAX_ROUTER_NAME
+                    ),
+                ));
+            }
+        }
+        if let Some(rid) = &target {
+            let r = self
+                .replicas
+                .get(rid)
+                .ok_or_else(|| no_replica(rid.as_str()))?;
+            if r.model != report.model {
+                return Err(Failure::new(
+                    ErrorCode::UnknownReplica,
+                    format!("replica {rid} belongs to model {}", quote(&r.model)),
+                ));
+            }
+        }
+        // Answered either way; recorded only from the source that is the model's signal now.
+        if !self.admit_signal(&report.model, report.router.as_deref(), now, out) {
+            return Ok(());
+        }
         let sample = Sample::from_report(&report, now);
         match target {
-            Some(rid) => {
-                let r = self
-                    .replicas
-                    .get_mut(&rid)
-                    .ok_or_else(|| no_replica(rid.as_str()))?;
-                if r.model != report.model {
-                    return Err(Failure::new(
-                        ErrorCode::UnknownReplica,
-                        format!("replica {rid} belongs to model {}", quote(&r.model)),
-                    ));
-                }
-                self.record_replica_sample(&rid, sample, now, out);
-            }
+            Some(rid) => self.record_replica_sample(&rid, sample, now, out),
             None => {
                 self.model_mut(&report.model)?.model_wide.record(sample);
             }

@@ -187,6 +187,7 @@ impl Harness {
             in_flight: Some(in_flight),
             arrived: None,
             completed: None,
+            router: None,
         };
         self.request(Peer::trusted(), Request::Report(r))
     }

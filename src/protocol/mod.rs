@@ -182,6 +182,11 @@ pub struct Report {
     pub arrived: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed: Option<u64>,
+    /// Set by a front door (`hearth route`): its name. While a front door reports for a model,
+    /// its reports are the model's signal and supersede the replicas' own reports and scrapes
+    /// (they hold only part of the queue, or none of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
 }
 
 impl Report {
@@ -211,6 +216,9 @@ impl Report {
         Ok(())
     }
 }
+
+/// A front door's name in a report: bounded, so that status and logs stay readable.
+pub const MAX_ROUTER_NAME: usize = 128;
 
 /// A warm pool size: a count or "auto" (`scale`'s `warm_pool`, status's `warm_pool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@ mod checks;
 mod fuzz;
 mod launch;
 mod placeholders;
+mod route;
 mod values;
 
 use std::path::Path;

@@ -184,11 +184,21 @@ impl Cx<'_> {
             prefetch: raw.prefetch.map(Spanned::into_inner).unwrap_or_default(),
             warmup,
         };
+        let slots = match &raw.slots {
+            None => crate::route::settings::DEFAULT_SLOTS,
+            Some(v) => self.bounded(
+                &k("slots"),
+                v,
+                1,
+                i64::from(crate::route::settings::MAX_SLOTS),
+            )? as u32,
+        };
         let config = ModelConfig {
             name: name.get_ref().clone(),
             launch,
             start_alone: raw.start_alone.map(Spanned::into_inner).unwrap_or(true),
             priority: raw.priority.map(Spanned::into_inner).unwrap_or(0),
+            slots,
             stop_grace,
             liveness,
             signal,
