@@ -16,20 +16,23 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::account::Accounts;
 use super::containment;
+use super::containment::Containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
 use super::gpu_monitor::{self, MonitorSink};
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
+use super::ledger::{Persister, Saved};
 use super::logging::LogControl;
 use super::metrics::{self, Recorder};
 use super::notify::Notifier;
 use super::reload::{self, Fixed, Settings};
+use super::replica_log::ReplicaLogs;
 use super::status_line::status_line;
 use super::supervisor::Supervisor;
-use super::{probe, state};
+use super::{probe, state, upgrade};
 use crate::config::Config;
-use crate::core::{Action, Event, Node, Time};
+use crate::core::{Action, Adoption, Event, Ledger, Node, Time};
 use crate::protocol::Request;
 
 /// Wall-clock time carried forward by a monotonic clock: timestamps operators can read, and
@@ -92,6 +95,12 @@ struct Shell {
     gpu_kind: String,
     /// SIGTERM/SIGINT came: the status line counts what is left.
     stopping: bool,
+    /// Where replicas live: the proofs saved with the ledger.
+    containment: Arc<Containment>,
+    /// Writes the ledger (ledger.rs) off the loop.
+    persister: Persister,
+    /// The last ledger handed to the persister, to skip writing what did not change.
+    saved: Vec<u8>,
 }
 
 impl Daemon {
@@ -134,9 +143,22 @@ impl Daemon {
             interval: gpu_monitor::MEMORY_INTERVAL,
         });
 
-        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
-        // earlier run left there stopped, before the first replica of this run is placed.
-        let containment = containment::start(&state_dir).await?;
+        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups); what an
+        // earlier run left there is adopted where its saved ledger proves it, the rest
+        // stopped, before the first replica of this run is placed.
+        let (how, saved) = upgrade::saved_state(&state_dir);
+        let (containment, adopted) = containment::start(&state_dir, saved).await?;
+        match containment.stop_everything_command() {
+            Some(cmd) => tracing::info!(
+                "replicas outlive the daemon (SIGTERM still drains and stops them; `hearth upgrade` replaces the daemon without stopping them); if hearth will not come back, stop them all with: {cmd}"
+            ),
+            None => tracing::info!(
+                "replicas die with the daemon (PDEATHSIG): without a cgroup the next run could not find them"
+            ),
+        }
+        let logs = ReplicaLogs::choose(&state_dir);
+        tracing::info!("{}", logs.describe());
+        super::replica_log::start_rotator(logs.clone(), containment.clone());
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
@@ -169,12 +191,20 @@ impl Daemon {
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts, logs),
             containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),
             tracker: tracker.clone(),
         };
+        for r in &adopted.replicas {
+            workers.supervisor.watch_adopted(
+                crate::core::ReplicaId(r.replica.clone()),
+                r.pid,
+                r.model.clone(),
+            );
+        }
+        let persister = Persister::start(&state_dir);
         let mut shell = Shell {
             node,
             fx: Effects::new(workers, published, recorder, state_dir),
@@ -188,8 +218,11 @@ impl Daemon {
             tracker: tracker.clone(),
             gpu_kind,
             stopping: false,
+            containment: containment.clone(),
+            persister,
+            saved: Vec::new(),
         };
-        shell.start();
+        shell.start(how, adopted);
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
         let mut watchdog = shell.notifier.watchdog_interval().map(ticker);
@@ -254,8 +287,13 @@ impl Daemon {
 }
 
 impl Shell {
-    /// The first tick places the start-up replicas; then systemd hears that start-up is done.
-    fn start(&mut self) {
+    /// Adoption first (so that the first tick counts the adopted replicas), then the first
+    /// tick places the start-up replicas; then systemd hears that start-up is done.
+    fn start(&mut self, how: Adoption, adopted: Ledger) {
+        self.event(Event::Adopt {
+            how,
+            ledger: adopted,
+        });
         self.event(Event::Tick);
         // The socket listens and the start-up replicas are placed: start-up is done as far as
         // systemd is concerned. Waiting for them to warm could take longer than any sensible
@@ -302,6 +340,10 @@ impl Shell {
     /// Hands one event to the core and carries out what it asks.
     fn event(&mut self, ev: Event) {
         let now = self.clock.now();
+        let processes_changed = matches!(
+            ev,
+            Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. }
+        );
         self.fx.begin(gpu_of(&ev));
         let actions = self.node.handle(ev, now);
         let mut reloaded = false;
@@ -328,6 +370,9 @@ impl Shell {
                 other => self.fx.apply(other),
             }
         }
+        if processes_changed || self.fx.changed() {
+            self.persist();
+        }
         if reloaded {
             // Applied or refused: either way the daemon runs a valid configuration.
             let line = self.status_line();
@@ -338,6 +383,21 @@ impl Shell {
             // reports and ticks, does not rebuild it, and an unchanged line is not resent.
             let line = self.status_line();
             self.notifier.status(&line);
+        }
+    }
+
+    /// The ledger and the proofs, as the next run would need them now.
+    fn snapshot(&self) -> Vec<u8> {
+        let saved = Saved::new(self.node.ledger(), self.containment.proofs());
+        serde_json::to_vec(&saved).unwrap_or_default()
+    }
+
+    /// Hands the ledger to the writer if it changed.
+    fn persist(&mut self) {
+        let bytes = self.snapshot();
+        if bytes != self.saved {
+            self.saved = bytes.clone();
+            self.persister.save(bytes);
         }
     }
 

@@ -260,6 +260,13 @@ pub enum Event {
     },
     /// Resource use of live replicas, sampled by the shell.
     Usage(Vec<(ReplicaId, Usage)>),
+    /// At start, before the first tick: replicas of an earlier run, found alive and proven to
+    /// be the processes that were started (pid, start time, cgroup); the shell has taken
+    /// charge of their processes (it sees their exits, it can signal them).
+    Adopt {
+        how: super::adopt::Adoption,
+        ledger: super::adopt::Ledger,
+    },
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,

@@ -238,6 +238,22 @@ impl GpuTable {
         }
     }
 
+    /// A device by UUID only.
+    pub fn find_uuid(&self, uuid: &str) -> Option<usize> {
+        self.slots.iter().position(|s| s.device.uuid == uuid)
+    }
+
+    /// `bytes` no larger than the smallest of these devices: a reservation read from disk
+    /// never overflows a slot's books.
+    pub fn bounded_bytes(&self, devices: &[usize], bytes: u64) -> u64 {
+        devices
+            .iter()
+            .filter_map(|&i| self.slots.get(i))
+            .map(|s| s.device.memory_total)
+            .min()
+            .map_or(0, |m| bytes.min(m))
+    }
+
     pub fn uuids(&self, devices: &[usize]) -> Vec<String> {
         devices
             .iter()

@@ -11,6 +11,9 @@
     allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)
 )]
 
+mod adopt;
+#[cfg(test)]
+mod adopt_tests;
 mod capacity;
 mod event;
 mod gpu;
@@ -42,6 +45,7 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 
+pub use adopt::{Adoption, Ledger, ModelRecord, ReplicaRecord};
 pub use event::{
     Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
     Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal, Usage,

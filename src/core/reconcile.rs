@@ -198,7 +198,12 @@ impl Node {
                 ReplicaState::Warm,
             ] {
                 while surplus > 0 {
-                    let Some(id) = self.pick(name, |r| r.state == state, true) else {
+                    // Adopted replicas re-verifying their warm-up are not surplus: they are
+                    // the capacity being taken back.
+                    let surplus_of = |r: &Replica| {
+                        r.state == state && !(r.adopted && r.state == ReplicaState::Starting)
+                    };
+                    let Some(id) = self.pick(name, surplus_of, true) else {
                         break;
                     };
                     self.stop(&id, "surplus: more than the model needs", false, now, out);
@@ -245,8 +250,12 @@ impl Node {
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
-        let n = m.next_n;
-        m.next_n += 1;
+        let mut n = m.next_n;
+        // Never an id in use (an adopted replica's whose record said little).
+        while self.replicas.contains_key(&ReplicaId::new(model, n)) {
+            n += 1;
+        }
+        m.next_n = n + 1;
         let restarts = m.failures.len() as u32;
         let spec = Arc::clone(m.launch_spec());
         let globs = spec.prefetch.clone();

@@ -40,6 +40,8 @@ pub struct Replica {
     pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
     pub ever_warm: bool,
+    /// Taken over from an earlier run of the daemon (core/adopt.rs), not started by this one.
+    pub adopted: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -102,6 +104,7 @@ impl Replica {
             version: spec.version.clone(),
             spec,
             ever_warm: false,
+            adopted: false,
             state: ReplicaState::Pending,
             since: now,
             since_event: 0,

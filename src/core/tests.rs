@@ -61,18 +61,23 @@ pub(super) struct Harness {
 
 impl Harness {
     pub fn new(toml: &str) -> Harness {
+        let mut h = Harness::bare(toml);
+        h.send(Event::Tick);
+        h
+    }
+
+    /// A node that has handled nothing yet (the daemon's adoption comes before its first tick).
+    pub fn bare(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let devices = GpuDevice::declared(&config.gpus);
         let now = Time::from_millis(1_000_000);
-        let mut h = Harness {
+        Harness {
             node: Node::new(config, devices, Default::default(), now),
             now,
             next_pid: 1000,
             log: Vec::new(),
             next_req: 1,
-        };
-        h.send(Event::Tick);
-        h
+        }
     }
 
     pub fn send(&mut self, ev: Event) -> Vec<Action> {

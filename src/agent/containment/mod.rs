@@ -16,7 +16,8 @@
 //! other (a stable hash of the path), so that two daemons with their own state never touch each
 //! other's replicas; an abstract socket named after it keeps a second daemon of the same
 //! instance from starting. The names carry the replica id: what an earlier run left is found
-//! by listing them ([`Containment::leftovers`]), which the outlive issue turns into adoption.
+//! by listing them ([`Containment::leftovers`]); those the persisted ledger proves to be the
+//! processes that were started are adopted ([`Containment::claim`]), the rest stopped.
 
 mod cgroup;
 mod gate;
@@ -40,7 +41,8 @@ pub use cgroup::Cgroup;
 pub use gate::{ChildSide, Gate};
 
 use super::inbox::EventSink;
-use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal, Usage};
+use super::ledger::{Proof, Saved};
+use crate::core::{Event, Ledger, ReplicaId, SpawnSpec, StopSignal, Usage};
 
 /// The default `state_dir`, whose instance is plain `hearth`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/hearth";
@@ -116,6 +118,8 @@ enum Backend {
 #[derive(Debug, Clone)]
 struct Entry {
     pid: u32,
+    /// The leader's start time (clock ticks since boot): with the pid, its identity.
+    start_ticks: u64,
     cgroup: Option<Cgroup>,
 }
 
@@ -302,9 +306,100 @@ impl Containment {
         }
     }
 
-    /// At start: stops every leftover, saying what each held.
-    pub fn stop_leftovers(&self) {
+    /// At start: what an earlier run left, checked against what it saved. A leftover is
+    /// adopted when the saved proof names it, its leader (the saved pid) is in it and alive with
+    /// the saved start time (a reused pid has another), and its cgroup is the saved one; it is
+    /// then this run's to watch and stop. Every other leftover is stopped. Returns the core's
+    /// records of the adopted ones only.
+    pub fn claim(&self, saved: Option<Saved>) -> Ledger {
+        let saved = saved.unwrap_or_else(|| Saved::new(Ledger::default(), BTreeMap::new()));
+        let mut proven = Ledger {
+            models: saved.ledger.models.clone(),
+            replicas: Vec::new(),
+        };
+        let mut stop = Vec::new();
         for l in self.leftovers() {
+            let record = saved
+                .ledger
+                .replicas
+                .iter()
+                .find(|r| r.replica == l.replica);
+            let proof = saved.proofs.get(&l.replica);
+            let why_not = match (record, proof, &l.cgroup) {
+                (None, _, _) | (_, None, _) => Some("nothing saved about it".to_string()),
+                (_, _, None) => Some("no cgroup to prove it by".to_string()),
+                (Some(r), Some(p), Some(cg)) => {
+                    if r.pid != p.pid {
+                        Some("its saved records disagree".to_string())
+                    } else if cg.dir.display().to_string() != p.cgroup {
+                        Some(format!("its cgroup is not the saved {}", p.cgroup))
+                    } else {
+                        match l.processes.iter().find(|(pid, _)| *pid == p.pid) {
+                            None => Some(format!("its leader (pid {}) is gone", p.pid)),
+                            Some((_, ticks)) if *ticks != p.start_ticks => Some(format!(
+                                "pid {} started at another time (tick {ticks}, saved {}): not the process that was started",
+                                p.pid, p.start_ticks
+                            )),
+                            Some(_) => None,
+                        }
+                    }
+                }
+            };
+            match (why_not, record, proof) {
+                (None, Some(r), Some(p)) => {
+                    self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                        ReplicaId(l.replica.clone()),
+                        Entry {
+                            pid: p.pid,
+                            start_ticks: p.start_ticks,
+                            cgroup: l.cgroup.clone(),
+                        },
+                    );
+                    proven.replicas.push(r.clone());
+                }
+                (why, _, _) => {
+                    let why = why.unwrap_or_default();
+                    tracing::warn!(replica = %l.replica, "not adopting what an earlier run left in {}: {why}", l.location);
+                    stop.push(l);
+                }
+            }
+        }
+        self.stop_leftovers(stop);
+        proven
+    }
+
+    /// What proves each live replica's leader, to be saved.
+    pub fn proofs(&self) -> BTreeMap<String, Proof> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|(r, e)| {
+                Some((
+                    r.0.clone(),
+                    Proof {
+                        pid: e.pid,
+                        start_ticks: e.start_ticks,
+                        cgroup: e.cgroup.as_ref()?.dir.display().to_string(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The command that stops every replica of this instance when no daemon will come back
+    /// for them; None where replicas do not outlive the daemon.
+    pub fn stop_everything_command(&self) -> Option<String> {
+        match &self.backend {
+            Backend::Scopes(s) => Some(format!("systemctl stop {}", s.slice)),
+            Backend::Subtree(s) => Some(format!("echo 1 > {}/cgroup.kill", s.path().display())),
+            Backend::Groups(_) => None,
+        }
+    }
+
+    /// Stops leftovers, saying what each held.
+    fn stop_leftovers(&self, leftovers: Vec<Leftover>) {
+        for l in leftovers {
             let what = if l.processes.is_empty() {
                 "empty".to_string()
             } else {
@@ -398,10 +493,15 @@ impl Containment {
     /// The child runs: from now on it is the replica's leader.
     pub fn register(&self, p: Placement, pid: u32) {
         let cgroup = p.cgroup.into_inner().unwrap_or_else(|e| e.into_inner());
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p.replica, Entry { pid, cgroup });
+        let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            p.replica,
+            Entry {
+                pid,
+                start_ticks,
+                cgroup,
+            },
+        );
     }
 
     // ---- stopping ------------------------------------------------------------------------
@@ -526,6 +626,16 @@ impl Containment {
             .cloned()
     }
 
+    /// The ids of the live replicas.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .map(|r| r.0.clone())
+            .collect()
+    }
+
     fn leaders(&self) -> BTreeMap<ReplicaId, u32> {
         self.live
             .lock()
@@ -624,18 +734,23 @@ impl Containment {
 /// orphans attributed and zombies reaped).
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// At start, off the event loop: picks the containment, then stops whatever an earlier run of
-/// this daemon left (before any replica of this run exists).
-pub async fn start(state_dir: &Path) -> anyhow::Result<Arc<Containment>> {
+/// At start, off the event loop: picks the containment, then adopts what an earlier run of
+/// this daemon left and `saved` proves, and stops the rest (before any replica of this run
+/// exists). The records of the adopted replicas, for the core.
+pub async fn start(
+    state_dir: &Path,
+    saved: Option<Saved>,
+) -> anyhow::Result<(Arc<Containment>, Ledger)> {
     let state_dir = state_dir.to_path_buf();
     let handle = tokio::runtime::Handle::current();
-    let c = tokio::task::spawn_blocking(move || -> anyhow::Result<Containment> {
-        let c = Containment::open(&state_dir, handle)?;
-        c.stop_leftovers();
-        Ok(c)
-    })
-    .await??;
-    Ok(Arc::new(c))
+    let (c, ledger) =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<(Containment, Ledger)> {
+            let c = Containment::open(&state_dir, handle)?;
+            let ledger = c.claim(saved);
+            Ok((c, ledger))
+        })
+        .await??;
+    Ok((Arc::new(c), ledger))
 }
 
 /// Samples replicas' usage on a thread of its own until `stop` is set or the loop is gone.
