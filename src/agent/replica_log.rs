@@ -129,7 +129,7 @@ impl ReplicaLogs {
                 gone.push((meta.modified().unwrap_or(std::time::UNIX_EPOCH), path));
             }
         }
-        gone.sort_by(|a, b| b.0.cmp(&a.0));
+        gone.sort_by_key(|g| std::cmp::Reverse(g.0));
         for (_, path) in gone.into_iter().skip(KEEP_GONE) {
             let _ = fs::remove_file(&path);
             let _ = fs::remove_file(path.with_extension("log.1"));
