@@ -279,6 +279,7 @@ impl Node {
             Adoption::Found => {
                 r.state = ReplicaState::Starting;
                 r.ever_warm = rec.ever_warm;
+                r.was_routed = rec.state == ReplicaState::Routed;
                 r.reason = format!("adopted (was {}): re-verifying with its warm-up", rec.state);
                 self.replicas.insert(id.clone(), r);
                 self.send_warmup(&id, out);

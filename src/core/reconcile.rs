@@ -110,10 +110,20 @@ impl Node {
             self.stop(&id, why, false, now, out);
         }
 
-        // Promote warm replicas first: milliseconds, not a cold start.
+        // Promote warm replicas first: milliseconds, not a cold start. Adopted replicas that
+        // were routed before the daemon died keep their places while they re-verify: they are
+        // routed again, not the pool.
         let mut c = self.counts(name);
-        while c.routed < desired {
-            let Some(id) = self.pick(name, |r| r.promotable(), false) else {
+        let verifying = self
+            .replicas
+            .values()
+            .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
+            .count() as u32;
+        while c.routed + verifying < desired {
+            let pick = self
+                .pick(name, |r| r.promotable() && r.was_routed, false)
+                .or_else(|| self.pick(name, |r| r.promotable(), false));
+            let Some(id) = pick else {
                 break;
             };
             let warm_before = self

@@ -42,6 +42,8 @@ pub struct Replica {
     pub ever_warm: bool,
     /// Taken over from an earlier run of the daemon (core/adopt.rs), not started by this one.
     pub adopted: bool,
+    /// Adopted from a run in which it was routed: it gets its place back first.
+    pub was_routed: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -105,6 +107,7 @@ impl Replica {
             spec,
             ever_warm: false,
             adopted: false,
+            was_routed: false,
             state: ReplicaState::Pending,
             since: now,
             since_event: 0,
