@@ -377,3 +377,69 @@ fn sigterm_after_an_adoption_leaves_no_process_of_any_replica() {
     assert!(left.is_empty(), "left in the cgroups: {left:?}");
     assert!(d.children().is_empty(), "left: {:?}", d.children());
 }
+
+#[test]
+fn upgrade_under_load_keeps_every_replica_pid_role_and_the_routed_set() {
+    let toy = Model::toy("a", &["--load-time", "3s"]).scale(2, 4, 1);
+    let Some(d) = daemon(vec![toy]) else {
+        return;
+    };
+    d.wait_settled("a", 2, 1, Duration::from_secs(60));
+    let before = roster(&d, "a");
+    let daemon_pid = d.pid();
+    let spawned = spawned_lines(&d);
+    let first = d.watch(Some("a"));
+    first
+        .wait_for(0, Duration::from_secs(10), |v| v["event"] == "routed")
+        .expect("the routed snapshot");
+    let load = Load::start(routed_addrs(&d, "a"));
+    load.more(20);
+    let t = Instant::now();
+    let out = d.cli_ok(&["upgrade"]);
+    let took = t.elapsed();
+    assert!(out.contains("upgraded"), "{out}");
+    wait_until(
+        "the old watch closed by the exec",
+        Duration::from_secs(10),
+        || first.closed().then_some(()),
+    );
+    let second = d.watch(Some("a"));
+    second
+        .wait_for(0, Duration::from_secs(10), |v| v["event"] == "routed")
+        .expect("the routed snapshot");
+    load.more(50);
+    let (ok, failed, errors) = load.finish();
+    println!(
+        "upgrade: {:.0} ms from the op to the new binary answering; {ok} completions, {failed} failed",
+        took.as_secs_f64() * 1e3
+    );
+    assert_eq!(failed, 0, "{errors:?}");
+    assert_eq!(d.pid(), daemon_pid);
+    assert!(
+        testkit::procs::alive(daemon_pid),
+        "the same process runs on"
+    );
+    assert_eq!(roster(&d, "a"), before, "the same replicas, pids and roles");
+    assert_eq!(
+        spawned_lines(&d),
+        spawned,
+        "no replica started:\n{}",
+        d.log_tail(40)
+    );
+    assert!(d.log().contains("handed over"), "{}", d.log_tail(40));
+    for r in d.replicas("a") {
+        assert_eq!(r["restarts"], json!(0));
+    }
+    let last_before = first.routed_sets("a").last().cloned().unwrap();
+    let after = second.routed_sets("a");
+    assert_eq!(
+        after[0], last_before,
+        "the snapshot after the reconnect is the last one"
+    );
+    for s in &after {
+        assert!(
+            last_before.iter().all(|r| s.contains(r)),
+            "no removal after the upgrade: {after:?}"
+        );
+    }
+}

@@ -76,6 +76,8 @@ enum Wake {
     Hangup,
     Watchdog,
     Tick,
+    /// The answer to `upgrade` has had its moment to be written: re-execute now.
+    Upgrade,
 }
 
 /// The loop's state: the core, and what carries out and announces its decisions.
@@ -101,6 +103,11 @@ struct Shell {
     persister: Persister,
     /// The last ledger handed to the persister, to skip writing what did not change.
     saved: Vec<u8>,
+    /// What an upgrade re-executes (taken at start), the socket it keeps open, and the
+    /// loop's own wake-up for it.
+    reexec: Option<upgrade::Reexec>,
+    listener_fd: std::os::fd::RawFd,
+    upgrade_due: mpsc::Sender<()>,
 }
 
 impl Daemon {
@@ -128,6 +135,9 @@ impl Daemon {
         let tracker = TaskTracker::new();
         let socket_path = config.daemon.socket.clone();
         let state_dir = config.daemon.state_dir.clone();
+        let reexec = upgrade::Reexec::current();
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let (upgrade_due, mut upgrade_wake) = mpsc::channel(1);
 
         let gpu_source = inventory.describe();
         tracing::info!("GPU inventory: {gpu_source}");
@@ -221,6 +231,9 @@ impl Daemon {
             containment: containment.clone(),
             persister,
             saved: Vec::new(),
+            reexec,
+            listener_fd,
+            upgrade_due,
         };
         shell.start(how, adopted);
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
@@ -244,6 +257,7 @@ impl Daemon {
                 _ = tick_opt(&mut watchdog) => Wake::Watchdog,
                 Some(msg) = rx.recv() => Wake::Msg(msg),
                 _ = shell.tick.tick() => Wake::Tick,
+                Some(()) = upgrade_wake.recv() => Wake::Upgrade,
             };
             match wake {
                 Wake::Msg(msg) => shell.message(msg),
@@ -259,6 +273,7 @@ impl Daemon {
                 }
                 Wake::Hangup => shell.event(Event::ReloadSignal),
                 Wake::Watchdog => shell.notifier.watchdog(),
+                Wake::Upgrade => shell.reexecute(),
                 Wake::Tick => {
                     if hard_deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
                         tracing::error!(
@@ -367,6 +382,7 @@ impl Shell {
                     }
                     reloaded = true;
                 }
+                Action::Upgrade { id } => self.upgrade_asked(id),
                 other => self.fx.apply(other),
             }
         }
@@ -384,6 +400,84 @@ impl Shell {
             let line = self.status_line();
             self.notifier.status(&line);
         }
+    }
+
+    /// `upgrade`: refused where it cannot work, else answered yes, and the re-exec comes once
+    /// the answer has had a moment to reach its connection.
+    fn upgrade_asked(&mut self, id: crate::core::RequestId) {
+        use crate::protocol::{ErrorCode, Failure, Response};
+        let refusal = if self.containment.mode() == containment::Mode::Groups {
+            Some("replicas have no cgroup here (process groups + PDEATHSIG): they would die with the old binary; restart the daemon instead".to_string())
+        } else {
+            match &self.reexec {
+                None => Some("the daemon's own binary could not be found at start".into()),
+                Some(r) => r.check().err().map(|e| format!("cannot execute {e}")),
+            }
+        };
+        let answer = match refusal {
+            Some(why) => {
+                tracing::warn!("upgrade refused: {why}");
+                Err(Failure::new(ErrorCode::Busy, why))
+            }
+            None => {
+                let tx = self.upgrade_due.clone();
+                self.tracker.spawn(async move {
+                    tokio::time::sleep(UPGRADE_ANSWER_GRACE).await;
+                    let _ = tx.send(()).await;
+                });
+                Ok(Response::Done {})
+            }
+        };
+        self.fx.apply(Action::Reply { id, answer });
+    }
+
+    /// Writes the hand-over and replaces this process with the binary on disk. Returns only if
+    /// the exec failed: the old binary then carries on, nothing lost.
+    fn reexecute(&mut self) {
+        let Some(reexec) = self.reexec.clone() else {
+            return;
+        };
+        if self.stopping {
+            return;
+        }
+        let path = super::ledger::handover_path(&self.node.config().daemon.state_dir);
+        let bytes = self.snapshot();
+        if let Err(e) = super::ledger::write_atomic(&path, &bytes) {
+            tracing::error!("upgrade: writing {}: {e}; not upgrading", path.display());
+            return;
+        }
+        if let Err(e) = upgrade::keep_across_exec(self.listener_fd) {
+            tracing::error!("upgrade: keeping the socket open: {e}; not upgrading");
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        self.notifier.reloading();
+        tracing::info!(
+            "upgrade: re-executing {} with {} replica(s) handed over",
+            reexec.exe.display(),
+            self.node.ledger().replicas.len()
+        );
+        let err = reexec.exec(&[
+            (upgrade::HANDOVER_ENV, path.display().to_string()),
+            (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
+        ]);
+        // Still here: the exec failed. Undo, and keep running the old binary.
+        // SAFETY: as in `exec`: nothing else reads these meanwhile.
+        unsafe {
+            std::env::remove_var(upgrade::HANDOVER_ENV);
+            std::env::remove_var(upgrade::LISTEN_FD_ENV);
+        }
+        let _ = std::fs::remove_file(&path);
+        let _ = nix::fcntl::fcntl(
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(self.listener_fd) },
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+        tracing::error!(
+            "upgrade failed: exec {}: {err}; the running binary carries on",
+            reexec.exe.display()
+        );
+        let line = self.status_line();
+        self.notifier.ready(&line);
     }
 
     /// The ledger and the proofs, as the next run would need them now.
@@ -406,6 +500,10 @@ impl Shell {
         status_line(&st, &self.gpu_kind, self.stopping)
     }
 }
+
+/// How long the answer to `upgrade` gets to reach its client before the exec closes every
+/// connection.
+const UPGRADE_ANSWER_GRACE: Duration = Duration::from_millis(100);
 
 fn ticker(period: Duration) -> tokio::time::Interval {
     let mut t = tokio::time::interval(period);

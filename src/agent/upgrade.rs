@@ -140,6 +140,40 @@ impl Reexec {
     }
 }
 
+/// How many panics in a row led to this process (read once at start, then cleared).
+pub fn panic_reexecs() -> u32 {
+    let n = std::env::var(PANIC_REEXECS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: at start, before the runtime's threads exist.
+    unsafe { std::env::remove_var(PANIC_REEXECS_ENV) };
+    n
+}
+
+/// A run this long counts as healthy: a panic after it starts the count again.
+const HEALTHY_RUN: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The daemon's task panicked: re-execute (no hand-over: the next run adopts from the saved
+/// ledger, warm-up first). Returns if it must not (too many in a row) or could not.
+pub fn after_panic(reexec: Option<&Reexec>, before: u32, started: std::time::Instant) {
+    let n = if started.elapsed() > HEALTHY_RUN {
+        1
+    } else {
+        before + 1
+    };
+    let Some(r) = reexec else {
+        return;
+    };
+    if n > MAX_PANIC_REEXECS {
+        tracing::error!("the daemon panicked {n} times in a row: exiting; its replicas keep serving until the next start adopts them");
+        return;
+    }
+    tracing::error!("the daemon panicked: re-executing to adopt its replicas ({n} of {MAX_PANIC_REEXECS} in a row)");
+    let err = r.exec(&[(PANIC_REEXECS_ENV, n.to_string())]);
+    tracing::error!("re-executing after the panic failed: {err}");
+}
+
 /// Clears close-on-exec on `fd` so that it survives the exec.
 pub fn keep_across_exec(fd: RawFd) -> std::io::Result<()> {
     // SAFETY: the fd is owned elsewhere and outlives this call.

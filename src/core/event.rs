@@ -337,4 +337,9 @@ pub enum Action {
     },
     /// Every replica is gone after a shutdown.
     ShutdownComplete,
+    /// `upgrade` asked (request `id`, not yet answered): the shell re-executes the daemon with
+    /// the binary on disk, handing every replica over (agent/upgrade.rs), or answers why not.
+    Upgrade {
+        id: RequestId,
+    },
 }

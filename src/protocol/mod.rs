@@ -60,6 +60,8 @@ pub enum Request {
         gpu: String,
     },
     Reload,
+    /// Replace the daemon with the binary now on disk, keeping every replica (issue 14).
+    Upgrade,
 }
 
 /// What a request asks for, without its fields: the `op` alone. Reading a line's `op` into it
@@ -79,6 +81,7 @@ pub enum Op {
     Cordon,
     Uncordon,
     Reload,
+    Upgrade,
 }
 
 impl fmt::Display for Op {
@@ -94,7 +97,9 @@ impl Op {
         match self {
             Op::Version | Op::Status | Op::Watch | Op::Gpus => Role::Reader,
             Op::Report => Role::Reporter,
-            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload => Role::Admin,
+            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload | Op::Upgrade => {
+                Role::Admin
+            }
         }
     }
 }
@@ -315,6 +320,7 @@ impl Request {
             Request::Cordon { .. } => Op::Cordon,
             Request::Uncordon { .. } => Op::Uncordon,
             Request::Reload => Op::Reload,
+            Request::Upgrade => Op::Upgrade,
         }
     }
 
