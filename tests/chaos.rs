@@ -72,7 +72,7 @@ fn start_ticks(pid: i32) -> Option<u64> {
 fn adopted(s: &Shared, replica: &str) -> bool {
     let log = std::fs::read_to_string(&s.log).unwrap_or_default();
     log.lines()
-        .any(|l| l.contains("adopted: pid") && l.contains(&format!("replica={replica} ")))
+        .any(|l| l.contains("adopted: pid") && l.contains(&format!("replica=\"{replica}\"")))
 }
 
 /// A replica's warm-up answer, recorded in this run by a process of that replica (or in the

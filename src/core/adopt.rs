@@ -125,6 +125,11 @@ impl Node {
         out: &mut Vec<Action>,
     ) {
         for (name, rec) in &ledger.models {
+            // Only where something is taken back: after an orderly stop nothing is, and the
+            // model starts afresh from its configuration.
+            if !ledger.replicas.iter().any(|r| r.model == *name) {
+                continue;
+            }
             let Some(m) = self.models.get_mut(name) else {
                 continue;
             };

@@ -271,3 +271,28 @@ fn an_adopted_replica_that_answers_its_warm_up_wrongly_is_stopped_without_a_fail
     assert!(h.node.models["b"].failures.is_empty());
     assert!(routed_sets(&out).iter().all(|s| s.is_empty()));
 }
+
+#[test]
+fn after_an_orderly_stop_nothing_is_taken_back_and_models_start_afresh() {
+    let toml = two_models("server");
+    let (_, mut ledger) = earlier_run(&toml);
+    ledger.replicas.clear();
+    ledger.models.get_mut("a").unwrap().desired_routed = 6;
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    assert_eq!(
+        h.node.models["a"].desired_routed, 2,
+        "min, not the last run's count"
+    );
+    let ids: Vec<String> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Spawn(s) => Some(s.replica.0.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(ids.contains(&"a-1".to_string()), "{ids:?}");
+}
