@@ -1,5 +1,5 @@
-//! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL where replicas have no cgroup,
-//! configuration errors that stop it before anything starts.
+//! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL where
+//! replicas have no cgroup, and configuration errors that stop it before anything starts.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
