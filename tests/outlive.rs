@@ -197,7 +197,8 @@ fn a_replica_replaced_while_the_daemon_was_down_is_not_adopted_and_never_routed(
     let watch = d.watch(Some("a"));
     d.wait_settled("a", 1, 0, Duration::from_secs(30));
     let new = d.in_state("a", "routed").remove(0);
-    assert_ne!(id(&new), id(&old), "not adopted: {}", d.log_tail(30));
+    // A new process (numbering starts afresh when nothing is taken back).
+    assert_ne!(pid(&new), pid(&old), "not adopted: {}", d.log_tail(30));
     assert_ne!(addr(&new), old_addr, "the squatter's port is passed over");
     assert!(
         d.log().contains("its leader") && d.log().contains("is gone"),
@@ -239,7 +240,7 @@ fn a_model_changed_while_the_daemon_was_down_rolls_out_and_the_untouched_one_is_
     assert_eq!(roster(&d, "b"), b, "b is adopted as it was");
     let a2 = wait_until("a rolled out", Duration::from_secs(30), || {
         let r = roster(&d, "a");
-        (r.len() == 1 && r[0].2 == "routed" && r[0].0 != a[0].0).then_some(r)
+        (r.len() == 1 && r[0].2 == "routed" && r[0].1 != a[0].1).then_some(r)
     });
     wait_until("the old a stopped", Duration::from_secs(15), || {
         (!alive(a[0].1)).then_some(())
@@ -291,7 +292,7 @@ fn pid_reuse_a_live_process_with_the_saved_pid_but_another_start_time_is_not_ado
     for (name, old) in [("a", &a), ("b", &b)] {
         wait_until("a new replica routed", Duration::from_secs(30), || {
             let r = roster(&d, name);
-            (r.len() == 1 && r[0].2 == "routed" && r[0].0 != old[0].0).then_some(())
+            (r.len() == 1 && r[0].2 == "routed" && r[0].1 != old[0].1).then_some(())
         });
         wait_until(
             "the unproven replica stopped",
