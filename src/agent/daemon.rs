@@ -16,21 +16,24 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::account::Accounts;
 use super::containment;
+use super::containment::Containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
 use super::gpu_monitor::MonitorSink;
 use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
+use super::ledger::{Persister, Saved};
 use super::logging::LogControl;
 use super::metrics::{self, Recorder};
 use super::notify::Notifier;
 use super::reload::{self, Fixed, Settings};
+use super::replica_log::ReplicaLogs;
 use super::status_line::status_line;
 use super::supervisor::Supervisor;
-use super::{probe, state};
+use super::{probe, state, upgrade};
 use crate::config::Config;
-use crate::core::{Action, Event, Node, Time};
+use crate::core::{Action, Adoption, Event, Ledger, Node, Time};
 use crate::protocol::Request;
 
 /// Wall-clock time carried forward by a monotonic clock: timestamps operators can read, and
@@ -79,6 +82,8 @@ enum Wake {
     Tick,
     /// The shutdown's last deadline passed with replicas still alive.
     Deadline,
+    /// The answer to `upgrade` has had its moment to be written: re-execute now.
+    Upgrade,
 }
 
 /// Where the loop's wake-ups come from, and in which order it takes them when several are ready.
@@ -94,6 +99,8 @@ struct Sources {
     operators_first: bool,
     /// After a shutdown began: exit even if replicas are still alive.
     deadline: Option<tokio::time::Instant>,
+    /// The answer to `upgrade` has been written: re-execute.
+    upgrade: mpsc::Receiver<()>,
 }
 
 impl Sources {
@@ -115,6 +122,7 @@ impl Sources {
                 _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
                 _ = sleep_opt(self.deadline) => Wake::Deadline,
                 _ = tick.tick() => Wake::Tick,
+                Some(()) = self.upgrade.recv() => Wake::Upgrade,
                 Some(msg) = self.operators.recv() => Wake::Msg(msg),
                 Some(msg) = self.inbox.recv() => Wake::Msg(msg),
             }
@@ -126,6 +134,7 @@ impl Sources {
                 _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
                 _ = sleep_opt(self.deadline) => Wake::Deadline,
                 _ = tick.tick() => Wake::Tick,
+                Some(()) = self.upgrade.recv() => Wake::Upgrade,
                 Some(msg) = self.inbox.recv() => Wake::Msg(msg),
                 Some(msg) = self.operators.recv() => Wake::Msg(msg),
             }
@@ -150,6 +159,17 @@ struct Shell {
     gpu_kind: String,
     /// SIGTERM/SIGINT came: the status line counts what is left.
     stopping: bool,
+    /// Where replicas live: the proofs saved with the ledger.
+    containment: Arc<Containment>,
+    /// Writes the ledger (ledger.rs) off the loop.
+    persister: Persister,
+    /// The last ledger handed to the persister, to skip writing what did not change.
+    saved: Vec<u8>,
+    /// What an upgrade re-executes (taken at start), the socket it keeps open, and the
+    /// loop's own wake-up for it.
+    reexec: Option<upgrade::Reexec>,
+    listener_fd: std::os::fd::RawFd,
+    upgrade_due: mpsc::Sender<()>,
 }
 
 impl Daemon {
@@ -178,6 +198,9 @@ impl Daemon {
         let tracker = TaskTracker::new();
         let socket_path = config.daemon.socket.clone();
         let state_dir = config.daemon.state_dir.clone();
+        let reexec = upgrade::Reexec::current();
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let (upgrade_due, upgrade_wake) = mpsc::channel(1);
 
         let gpu_source = inventory.describe();
         tracing::info!("GPU inventory: {gpu_source}");
@@ -187,9 +210,22 @@ impl Daemon {
         let overrides = state::load(&state_dir, &config)?;
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
-        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
-        // earlier run left there stopped, before the first replica of this run is placed.
-        let containment = containment::start(&state_dir).await?;
+        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups); what an
+        // earlier run left there is adopted where its saved ledger proves it, the rest
+        // stopped, before the first replica of this run is placed.
+        let (how, saved) = upgrade::saved_state(&state_dir);
+        let (containment, adopted) = containment::start(&state_dir, saved).await?;
+        match containment.stop_everything_command() {
+            Some(cmd) => tracing::info!(
+                "replicas outlive the daemon (SIGTERM still drains and stops them; `hearth upgrade` replaces the daemon without stopping them); if hearth will not come back, stop them all with: {cmd}"
+            ),
+            None => tracing::info!(
+                "replicas die with the daemon (PDEATHSIG): without a cgroup the next run could not find them"
+            ),
+        }
+        let logs = ReplicaLogs::choose(&state_dir);
+        tracing::info!("{}", logs.describe());
+        super::replica_log::start_rotator(logs.clone(), containment.clone());
 
         // XIDs, memory readings and inventory changes, from a thread of their own; it stops when
         // this is dropped. GPU memory is attributed by each replica's cgroup where containment
@@ -231,12 +267,20 @@ impl Daemon {
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts, logs),
             containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),
             tracker: tracker.clone(),
         };
+        for r in &adopted.replicas {
+            workers.supervisor.watch_adopted(
+                crate::core::ReplicaId(r.replica.clone()),
+                r.pid,
+                r.model.clone(),
+            );
+        }
+        let persister = Persister::start(&state_dir);
         let mut shell = Shell {
             node,
             fx: Effects::new(workers, published, recorder, state_dir),
@@ -250,8 +294,14 @@ impl Daemon {
             tracker: tracker.clone(),
             gpu_kind,
             stopping: false,
+            containment: containment.clone(),
+            persister,
+            saved: Vec::new(),
+            reexec,
+            listener_fd,
+            upgrade_due,
         };
-        shell.start();
+        shell.start(how, adopted);
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
         let watchdog = shell.notifier.watchdog_interval().map(ticker);
@@ -270,6 +320,7 @@ impl Daemon {
             operators: operators_rx,
             operators_first: true,
             deadline: None,
+            upgrade: upgrade_wake,
         };
 
         while !shell.fx.done() {
@@ -290,6 +341,7 @@ impl Daemon {
                 }
                 Wake::Hangup => shell.event(Event::ReloadSignal),
                 Wake::Watchdog => shell.notifier.watchdog(),
+                Wake::Upgrade => shell.reexecute(),
                 Wake::Tick => shell.event(Event::Tick),
                 Wake::Deadline => {
                     tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
@@ -315,8 +367,13 @@ impl Daemon {
 }
 
 impl Shell {
-    /// The first tick places the start-up replicas; then systemd hears that start-up is done.
-    fn start(&mut self) {
+    /// Adoption first (so that the first tick counts the adopted replicas), then the first
+    /// tick places the start-up replicas; then systemd hears that start-up is done.
+    fn start(&mut self, how: Adoption, adopted: Ledger) {
+        self.event(Event::Adopt {
+            how,
+            ledger: adopted,
+        });
         self.event(Event::Tick);
         // The socket listens and the start-up replicas are placed: start-up is done as far as
         // systemd is concerned. Waiting for them to warm could take longer than any sensible
@@ -363,6 +420,10 @@ impl Shell {
     /// Hands one event to the core and carries out what it asks.
     fn event(&mut self, ev: Event) {
         let now = self.clock.now();
+        let processes_changed = matches!(
+            ev,
+            Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. }
+        );
         self.fx.begin(gpu_of(&ev));
         let actions = self.node.handle(ev, now);
         let mut reloaded = false;
@@ -386,8 +447,12 @@ impl Shell {
                     }
                     reloaded = true;
                 }
+                Action::Upgrade { id } => self.upgrade_asked(id),
                 other => self.fx.apply(other),
             }
+        }
+        if processes_changed || self.fx.changed() {
+            self.persist();
         }
         if reloaded {
             // Applied or refused: either way the daemon runs a valid configuration.
@@ -402,11 +467,108 @@ impl Shell {
         }
     }
 
+    /// `upgrade`: refused where it cannot work, else answered yes, and the re-exec comes once
+    /// the answer has had a moment to reach its connection.
+    fn upgrade_asked(&mut self, id: crate::core::RequestId) {
+        use crate::protocol::{ErrorCode, Failure, Response};
+        let refusal = if self.containment.mode() == containment::Mode::Groups {
+            Some("replicas have no cgroup here (process groups + PDEATHSIG): they would die with the old binary; restart the daemon instead".to_string())
+        } else {
+            match &self.reexec {
+                None => Some("the daemon's own binary could not be found at start".into()),
+                Some(r) => r.check().err().map(|e| format!("cannot execute {e}")),
+            }
+        };
+        let answer = match refusal {
+            Some(why) => {
+                tracing::warn!("upgrade refused: {why}");
+                Err(Failure::new(ErrorCode::Busy, why))
+            }
+            None => {
+                let tx = self.upgrade_due.clone();
+                self.tracker.spawn(async move {
+                    tokio::time::sleep(UPGRADE_ANSWER_GRACE).await;
+                    let _ = tx.send(()).await;
+                });
+                Ok(Response::Done {})
+            }
+        };
+        self.fx.apply(Action::Reply { id, answer });
+    }
+
+    /// Writes the hand-over and replaces this process with the binary on disk. Returns only if
+    /// the exec failed: the old binary then carries on, nothing lost.
+    fn reexecute(&mut self) {
+        let Some(reexec) = self.reexec.clone() else {
+            return;
+        };
+        if self.stopping {
+            return;
+        }
+        let path = super::ledger::handover_path(&self.node.config().daemon.state_dir);
+        let bytes = self.snapshot();
+        if let Err(e) = super::ledger::write_atomic(&path, &bytes) {
+            tracing::error!("upgrade: writing {}: {e}; not upgrading", path.display());
+            return;
+        }
+        if let Err(e) = upgrade::keep_across_exec(self.listener_fd) {
+            tracing::error!("upgrade: keeping the socket open: {e}; not upgrading");
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        self.notifier.reloading();
+        tracing::info!(
+            "upgrade: re-executing {} with {} replica(s) handed over",
+            reexec.exe.display(),
+            self.node.ledger().replicas.len()
+        );
+        let err = reexec.exec(&[
+            (upgrade::HANDOVER_ENV, path.display().to_string()),
+            (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
+        ]);
+        // Still here: the exec failed. Undo, and keep running the old binary.
+        // SAFETY: as in `exec`: nothing else reads these meanwhile.
+        unsafe {
+            std::env::remove_var(upgrade::HANDOVER_ENV);
+            std::env::remove_var(upgrade::LISTEN_FD_ENV);
+        }
+        let _ = std::fs::remove_file(&path);
+        let _ = nix::fcntl::fcntl(
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(self.listener_fd) },
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+        tracing::error!(
+            "upgrade failed: exec {}: {err}; the running binary carries on",
+            reexec.exe.display()
+        );
+        let line = self.status_line();
+        self.notifier.ready(&line);
+    }
+
+    /// The ledger and the proofs, as the next run would need them now.
+    fn snapshot(&self) -> Vec<u8> {
+        let saved = Saved::new(self.node.ledger(), self.containment.proofs());
+        serde_json::to_vec(&saved).unwrap_or_default()
+    }
+
+    /// Hands the ledger to the writer if it changed.
+    fn persist(&mut self) {
+        let bytes = self.snapshot();
+        if bytes != self.saved {
+            self.saved = bytes.clone();
+            self.persister.save(bytes);
+        }
+    }
+
     fn status_line(&self) -> String {
         let st = self.node.status(None, self.clock.now());
         status_line(&st, &self.gpu_kind, self.stopping)
     }
 }
+
+/// How long the answer to `upgrade` gets to reach its client before the exec closes every
+/// connection.
+const UPGRADE_ANSWER_GRACE: Duration = Duration::from_millis(100);
 
 fn ticker(period: Duration) -> tokio::time::Interval {
     let mut t = tokio::time::interval(period);
@@ -450,6 +612,7 @@ mod tests {
         let (_hup_tx, hup) = mpsc::channel(1);
         let (tx, rx) = inbox::channel();
         let (otx, orx) = inbox::channel();
+        let (_upgrade_tx, upgrade) = mpsc::channel(1);
         let s = Sources {
             stop,
             hup,
@@ -458,6 +621,7 @@ mod tests {
             operators: orx,
             operators_first: true,
             deadline: None,
+            upgrade,
         };
         (s, tx, otx)
     }

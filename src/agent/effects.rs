@@ -232,7 +232,7 @@ impl Effects {
             }
             Action::ShutdownComplete => self.done = true,
             // The event loop's: it owns the timer, the notifier and the log filter.
-            Action::ReadConfig { .. } | Action::ReloadDone { .. } => {}
+            Action::ReadConfig { .. } | Action::ReloadDone { .. } | Action::Upgrade { .. } => {}
         }
     }
 

@@ -161,6 +161,12 @@ pub enum Command {
         #[command(flatten)]
         socket: Socket,
     },
+    /// Replace the running daemon with the binary now on disk, without stopping a replica
+    /// (same pid; every replica keeps its role, port and GPUs). `systemctl restart` stops them.
+    Upgrade {
+        #[command(flatten)]
+        socket: Socket,
+    },
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
     /// The front door: an OpenAI-compatible HTTP entry point that queues for the daemon's replicas
@@ -181,7 +187,8 @@ impl Command {
             | Command::Drain { socket, .. }
             | Command::Cordon { socket, .. }
             | Command::Uncordon { socket, .. }
-            | Command::Reload { socket } => Some(socket),
+            | Command::Reload { socket }
+            | Command::Upgrade { socket } => Some(socket),
             Command::Daemon { .. }
             | Command::CheckConfig { .. }
             | Command::ToyServer(_)
@@ -249,9 +256,15 @@ fn parse_wait_ms(s: &str) -> Result<f64, String> {
 /// What to print of the answer.
 enum Render {
     Quiet,
-    Status { json: bool },
-    Gpus { json: bool },
+    Status {
+        json: bool,
+    },
+    Gpus {
+        json: bool,
+    },
     Stream,
+    /// Wait for the re-executed daemon to answer.
+    Upgrade,
 }
 
 /// The request a client verb sends and how its answer is shown; None for the other verbs.
@@ -315,6 +328,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
         ),
         Command::Uncordon { gpu, .. } => (Request::Uncordon { gpu }, Render::Quiet),
         Command::Reload { .. } => (Request::Reload {}, Render::Quiet),
+        Command::Upgrade { .. } => (Request::Upgrade {}, Render::Upgrade),
         Command::Daemon { .. }
         | Command::CheckConfig { .. }
         | Command::ToyServer(_)
@@ -357,6 +371,12 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         (Render::Gpus { json: false }, Response::Gpus { gpus }) => {
             print_out(&gpu_table(&gpus));
         }
+        (Render::Upgrade, _) => {
+            // The old binary closes the connection as it re-executes; the new one answers on
+            // the same socket once it has taken every replica over.
+            while client.next_line().await.is_some() {}
+            return wait_upgraded(&socket).await;
+        }
         (Render::Stream, _) => {
             while let Some(line) = client.next_line().await {
                 if !print_out(&format!("{line}\n")) {
@@ -370,6 +390,24 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// After `upgrade`: polls `version` until the new binary answers (60 s at most).
+async fn wait_upgraded(socket: &std::path::Path) -> ExitCode {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(mut c) = Client::connect(socket).await {
+            if let Ok(Ok(Response::Version { version, .. })) = c.ask(&Request::Version {}).await {
+                println!("upgraded: hearth {version} runs, every replica handed over");
+                return ExitCode::SUCCESS;
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            eprintln!("hearth: the upgraded daemon did not answer within 60 s");
+            return ExitCode::from(1);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) {

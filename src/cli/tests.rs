@@ -10,8 +10,9 @@ use super::*;
 use crate::protocol::{GpuView, ModelView, ReplicaState, ReplicaView, SignalView, StatusView};
 
 /// The verbs that talk to the daemon.
-const CLIENT_VERBS: [&str; 9] = [
+const CLIENT_VERBS: [&str; 10] = [
     "status", "watch", "gpus", "report", "scale", "drain", "cordon", "uncordon", "reload",
+    "upgrade",
 ];
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {

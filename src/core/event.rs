@@ -311,6 +311,13 @@ pub enum Event {
     },
     /// Resource use of live replicas, sampled by the shell.
     Usage(Vec<(ReplicaId, Usage)>),
+    /// At start, before the first tick: replicas of an earlier run, found alive and proven to
+    /// be the processes that were started (pid, start time, cgroup); the shell has taken
+    /// charge of their processes (it sees their exits, it can signal them).
+    Adopt {
+        how: super::adopt::Adoption,
+        ledger: super::adopt::Ledger,
+    },
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,
@@ -383,4 +390,9 @@ pub enum Action {
     },
     /// Every replica is gone after a shutdown.
     ShutdownComplete,
+    /// `upgrade` asked (request `id`, not yet answered): the shell re-executes the daemon with
+    /// the binary on disk, handing every replica over (agent/upgrade.rs), or answers why not.
+    Upgrade {
+        id: RequestId,
+    },
 }

@@ -314,6 +314,17 @@ impl GpuTable {
         self.slots.retain(|s| !(s.gone && s.replicas.is_empty()));
     }
 
+    /// `bytes` no larger than the smallest of these devices: a reservation read from disk
+    /// never overflows a slot's books.
+    pub fn bounded_bytes(&self, devices: &[String], bytes: u64) -> u64 {
+        devices
+            .iter()
+            .filter_map(|u| self.slot(u))
+            .map(|s| s.device.memory_total)
+            .min()
+            .map_or(0, |m| bytes.min(m))
+    }
+
     /// NVML indices of these devices (for `device_naming = "index"`).
     pub fn indices(&self, devices: &[String]) -> Vec<u32> {
         devices

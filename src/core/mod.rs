@@ -2,8 +2,8 @@
 //! Nothing here performs I/O, reads a clock or spawns anything; time comes in with each event.
 //! The daemon and the simulator drive the same `Node`.
 //!
-//! A panic here would end the daemon, and every replica with it (PDEATHSIG): the core is
-//! panic-free by construction — no `unwrap`/`expect`, no `[]` on maps or slices; absent entries
+//! A panic here would end the daemon's run (it re-executes and adopts its replicas, each
+//! after a warm-up): the core is panic-free by construction — no `unwrap`/`expect`, no `[]` on maps or slices; absent entries
 //! are `let … else` and `get`/`get_mut`.
 #![deny(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
 #![cfg_attr(
@@ -11,6 +11,9 @@
     allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)
 )]
 
+mod adopt;
+#[cfg(test)]
+mod adopt_tests;
 mod capacity;
 mod event;
 mod front_door;
@@ -53,6 +56,7 @@ pub mod status;
 pub(crate) mod tests;
 pub mod xid;
 
+pub use adopt::{Adoption, Ledger, ModelRecord, ReplicaRecord};
 pub use event::{
     Action, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome,
     ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,

@@ -124,6 +124,7 @@ impl Node {
                 holder,
             } => self.port_busy(&replica, port, &holder, now, &mut out),
             Event::Usage(samples) => self.usage(samples),
+            Event::Adopt { how, ledger } => self.adopt(how, ledger, now, &mut out),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);

@@ -60,6 +60,14 @@ impl PortPool {
         }
         None
     }
+    /// `p` could be claimed: in the range and not handed out.
+    pub fn claimable(&self, p: u16) -> bool {
+        (self.range.first..=self.range.last).contains(&p) && !self.in_use.contains(&p)
+    }
+    /// Takes `p` (an adopted replica's); false if it is not claimable.
+    pub fn claim(&mut self, p: u16) -> bool {
+        self.claimable(p) && self.in_use.insert(p)
+    }
     pub fn give_back(&mut self, p: u16) {
         self.in_use.remove(&p);
     }

@@ -114,10 +114,20 @@ impl Node {
             self.stop(&id, why, false, now, out);
         }
 
-        // Promote warm replicas first: milliseconds, not a cold start.
+        // Promote warm replicas first: milliseconds, not a cold start. Adopted replicas that
+        // were routed before the daemon died keep their places while they re-verify: they are
+        // routed again, not the pool.
         let mut c = self.counts(name);
-        while c.routed < desired {
-            let Some(id) = self.pick(name, |r| r.promotable(), false) else {
+        let verifying = self
+            .replicas
+            .values()
+            .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
+            .count() as u32;
+        while c.routed + verifying < desired {
+            let pick = self
+                .pick(name, |r| r.promotable() && r.was_routed, false)
+                .or_else(|| self.pick(name, |r| r.promotable(), false));
+            let Some(id) = pick else {
                 break;
             };
             let warm_before = self
@@ -221,7 +231,12 @@ impl Node {
                 ReplicaState::Warm,
             ] {
                 while surplus > 0 {
-                    let Some(id) = self.pick(name, |r| r.state == state, true) else {
+                    // Adopted replicas re-verifying their warm-up are not surplus: they are
+                    // the capacity being taken back.
+                    let surplus_of = |r: &Replica| {
+                        r.state == state && !(r.adopted && r.state == ReplicaState::Starting)
+                    };
+                    let Some(id) = self.pick(name, surplus_of, true) else {
                         break;
                     };
                     self.stop(&id, "surplus: more than the model needs", false, now, out);
@@ -269,8 +284,12 @@ impl Node {
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
-        let n = m.next_n;
-        m.next_n += 1;
+        let mut n = m.next_n;
+        // Never an id in use (an adopted replica's whose record said little).
+        while self.replicas.contains_key(&ReplicaId::new(model, n)) {
+            n += 1;
+        }
+        m.next_n = n + 1;
         let restarts = m.failures.len() as u32;
         let spec = Arc::clone(m.launch_spec());
         let globs = spec.prefetch.clone();

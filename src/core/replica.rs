@@ -40,6 +40,10 @@ pub struct Replica {
     pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
     pub ever_warm: bool,
+    /// Taken over from an earlier run of the daemon (core/adopt.rs), not started by this one.
+    pub adopted: bool,
+    /// Adopted from a run in which it was routed: it gets its place back first.
+    pub was_routed: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -106,6 +110,8 @@ impl Replica {
             version: spec.version.clone(),
             spec,
             ever_warm: false,
+            adopted: false,
+            was_routed: false,
             state: ReplicaState::Pending,
             since: now,
             since_event: 0,

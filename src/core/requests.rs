@@ -52,6 +52,19 @@ impl Node {
             Err(f) => Err(f),
             // Answered once the file is read (config_read).
             Ok(()) if req == (Request::Reload {}) => return self.reload_asked(Some(id), out),
+            // Answered by the shell, which alone knows whether it can re-execute itself.
+            Ok(()) if req == (Request::Upgrade {}) && self.shutdown.is_none() => {
+                self.log_global(
+                    super::event::LogLevel::Info,
+                    "upgrade asked: handing every replica over to the binary on disk".into(),
+                    out,
+                );
+                return out.push(Action::Upgrade { id });
+            }
+            Ok(()) if req == (Request::Upgrade {}) => Err(Failure::new(
+                ErrorCode::Busy,
+                "shutting down: replicas are being stopped, not handed over",
+            )),
             Ok(()) => self.answer(peer, req, now, out),
         };
         out.push(Action::Reply { id, answer });
@@ -145,6 +158,10 @@ impl Node {
                 self.cordon(&gpu, true, reason, evacuate, out).map(|_| DONE)
             }
             Request::Uncordon { gpu } => self.cordon(&gpu, false, None, false, out).map(|_| DONE),
+            Request::Upgrade {} => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "upgrade is answered by the daemon's shell",
+            )),
             Request::Reload {} => {
                 // Taken by `request` before any answer: only a read of the file answers it.
                 Err(Failure::new(

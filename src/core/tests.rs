@@ -61,6 +61,13 @@ pub(crate) struct Harness {
 
 impl Harness {
     pub fn new(toml: &str) -> Harness {
+        let mut h = Harness::bare(toml);
+        h.send(Event::Tick);
+        h
+    }
+
+    /// A node that has handled nothing yet (the daemon's adoption comes before its first tick).
+    pub fn bare(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let devices = GpuDevice::declared(&config.gpus);
         Harness::with_devices(toml, devices)
@@ -70,15 +77,13 @@ impl Harness {
     pub fn with_devices(toml: &str, devices: Vec<GpuDevice>) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let now = Time::from_millis(1_000_000);
-        let mut h = Harness {
+        Harness {
             node: Node::new(config, devices, Default::default(), now),
             now,
             next_pid: 1000,
             log: Vec::new(),
             next_req: 1,
-        };
-        h.send(Event::Tick);
-        h
+        }
     }
 
     /// Whether the device takes replicas now (for tests outside the core).

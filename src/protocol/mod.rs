@@ -122,6 +122,8 @@ pub enum Request {
         gpu: String,
     },
     Reload {},
+    /// Replace the daemon with the binary now on disk, keeping every replica (issue 14).
+    Upgrade {},
 }
 
 fn is_false(b: &bool) -> bool {
@@ -145,6 +147,7 @@ pub enum Op {
     Cordon,
     Uncordon,
     Reload,
+    Upgrade,
 }
 
 impl fmt::Display for Op {
@@ -160,7 +163,9 @@ impl Op {
         match self {
             Op::Version | Op::Status | Op::Watch | Op::Gpus => Role::Reader,
             Op::Report => Role::Reporter,
-            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload => Role::Admin,
+            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload | Op::Upgrade => {
+                Role::Admin
+            }
         }
     }
 }
@@ -466,6 +471,7 @@ impl Request {
             Request::Cordon { .. } => Op::Cordon,
             Request::Uncordon { .. } => Op::Uncordon,
             Request::Reload {} => Op::Reload,
+            Request::Upgrade {} => Op::Upgrade,
         }
     }
 

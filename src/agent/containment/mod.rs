@@ -16,9 +16,11 @@
 //! other (a stable hash of the path), so that two daemons with their own state never touch each
 //! other's replicas; an abstract socket named after it keeps a second daemon of the same
 //! instance from starting. The names carry the replica id: what an earlier run left is found
-//! by listing them ([`Containment::leftovers`]), which the outlive issue turns into adoption.
+//! by listing them ([`Containment::leftovers`]); those the persisted ledger proves to be the
+//! processes that were started are adopted ([`Containment::claim`]), the rest stopped.
 
 mod cgroup;
+mod claim;
 mod gate;
 mod groups;
 pub mod listeners;
@@ -41,7 +43,8 @@ pub use gate::{ChildSide, Gate};
 
 use super::gpu_owner::CgroupIndex;
 use super::inbox::EventSink;
-use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal, Usage};
+use super::ledger::Saved;
+use crate::core::{Event, Ledger, ReplicaId, SpawnSpec, StopSignal, Usage};
 
 /// The default `state_dir`, whose instance is plain `hearth`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/hearth";
@@ -117,6 +120,8 @@ enum Backend {
 #[derive(Debug, Clone)]
 struct Entry {
     pid: u32,
+    /// The leader's start time (clock ticks since boot): with the pid, its identity.
+    start_ticks: u64,
     cgroup: Option<Cgroup>,
 }
 
@@ -312,34 +317,6 @@ impl Containment {
         }
     }
 
-    /// At start: stops every leftover, saying what each held.
-    pub fn stop_leftovers(&self) {
-        for l in self.leftovers() {
-            let what = if l.processes.is_empty() {
-                "empty".to_string()
-            } else {
-                let procs: Vec<String> = l
-                    .processes
-                    .iter()
-                    .map(|(p, _)| procfs::describe(*p))
-                    .collect();
-                format!("{} process(es): {}", procs.len(), procs.join(", "))
-            };
-            match self.stop_leftover(&l) {
-                Ok(()) => tracing::warn!(
-                    replica = %l.replica,
-                    "stopped what an earlier run left in {}: {what}",
-                    l.location
-                ),
-                Err(e) => tracing::error!(
-                    replica = %l.replica,
-                    "could not stop what an earlier run left in {} ({what}): {e}",
-                    l.location
-                ),
-            }
-        }
-    }
-
     // ---- starting a replica --------------------------------------------------------------
 
     /// Before fork: the replica's cgroup, created empty (cgroup2 mode).
@@ -412,10 +389,15 @@ impl Containment {
             self.gpu_owners
                 .insert(cg.dir.display().to_string(), p.replica.clone());
         }
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p.replica, Entry { pid, cgroup });
+        let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            p.replica,
+            Entry {
+                pid,
+                start_ticks,
+                cgroup,
+            },
+        );
     }
 
     // ---- stopping ------------------------------------------------------------------------
@@ -541,6 +523,16 @@ impl Containment {
             .cloned()
     }
 
+    /// The ids of the live replicas.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .map(|r| r.0.clone())
+            .collect()
+    }
+
     fn leaders(&self) -> BTreeMap<ReplicaId, u32> {
         self.live
             .lock()
@@ -639,18 +631,23 @@ impl Containment {
 /// orphans attributed and zombies reaped).
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// At start, off the event loop: picks the containment, then stops whatever an earlier run of
-/// this daemon left (before any replica of this run exists).
-pub async fn start(state_dir: &Path) -> anyhow::Result<Arc<Containment>> {
+/// At start, off the event loop: picks the containment, then adopts what an earlier run of
+/// this daemon left and `saved` proves, and stops the rest (before any replica of this run
+/// exists). The records of the adopted replicas, for the core.
+pub async fn start(
+    state_dir: &Path,
+    saved: Option<Saved>,
+) -> anyhow::Result<(Arc<Containment>, Ledger)> {
     let state_dir = state_dir.to_path_buf();
     let handle = tokio::runtime::Handle::current();
-    let c = tokio::task::spawn_blocking(move || -> anyhow::Result<Containment> {
-        let c = Containment::open(&state_dir, handle)?;
-        c.stop_leftovers();
-        Ok(c)
-    })
-    .await??;
-    Ok(Arc::new(c))
+    let (c, ledger) =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<(Containment, Ledger)> {
+            let c = Containment::open(&state_dir, handle)?;
+            let ledger = c.claim(saved);
+            Ok((c, ledger))
+        })
+        .await??;
+    Ok((Arc::new(c), ledger))
 }
 
 /// Samples replicas' usage on a thread of its own until `stop` is set or the loop is gone.
