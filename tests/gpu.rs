@@ -360,11 +360,14 @@ fn a_fake_vllm_from_the_example_s_settings_starts_on_hearth_s_device_names() {
             "{id}"
         );
     }
-    let log = d.log();
-    assert!(
-        log.contains("vllm (fake): CUDA_VISIBLE_DEVICES=0"),
-        "the fake read the variable:\n{log}"
-    );
+    // Replicas write to their own log (journald or state_dir/logs), not the daemon's.
+    for (id, _, _) in &all {
+        let log = d.replica_log(id);
+        assert!(
+            log.contains("vllm (fake): CUDA_VISIBLE_DEVICES=0"),
+            "the fake read the variable ({id}):\n{log}"
+        );
+    }
 }
 
 #[test]
@@ -373,8 +376,8 @@ fn the_fake_vllm_fails_on_uuids_as_vllm_does() {
     let d = gpu_daemon("static", &[("GPU-vllm-0", "80GiB")])
         .model(example_vllm(Some("uuid")))
         .start();
-    let log = wait_until("the fake's ValueError in the log", LONG, || {
-        let log = d.log();
+    let log = wait_until("the fake's ValueError in the replica's log", LONG, || {
+        let log = d.replica_log("llama-8b-1");
         log.contains("invalid literal for int() with base 10: 'GPU-vllm-0'")
             .then_some(log)
     });
