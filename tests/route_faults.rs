@@ -262,7 +262,8 @@ fn a_replica_leaving_the_routed_set_finishes_its_requests_and_gets_no_new_one() 
 
     let held = spawn(move || complete(addr, "m", T));
     let x = wait_until("the request at a replica", T, || router.busy_replica("m"));
-    let a = daemon.request(json!({"op": "drain", "replica": x}));
+    // Forced: at `min` 2, a plain drain would first bring a replacement up (routed ≥ min).
+    let a = daemon.request(json!({"op": "drain", "replica": x, "force": true}));
     assert_eq!(a["ok"], json!(true), "{a}");
     routed_at_router(&router, "m", 1.0);
     // New requests go elsewhere while x finishes.
