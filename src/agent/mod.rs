@@ -26,3 +26,4 @@ pub mod state;
 mod status_line;
 pub mod supervisor;
 pub mod upgrade;
+mod wake;
