@@ -158,11 +158,13 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
     wait_until("the orphan stopped", Duration::from_secs(10), || {
         (!alive(worker)).then_some(())
     });
-    assert!(
-        d.log().contains("stopped what an earlier run left in") && d.log().contains("is gone"),
-        "{}",
-        d.log_tail(30)
-    );
+    // The kill comes before the line that says so: wait for the line, not just the kill.
+    let said = testkit::poll(Duration::from_secs(10), || {
+        let log = d.log();
+        (log.contains("stopped what an earlier run left in") && log.contains("is gone"))
+            .then_some(())
+    });
+    assert!(said.is_some(), "{}", d.log_tail(30));
     let r2 = routed_one(&d);
     let (who, _) = answered_by(&addr(&r2));
     assert!(
