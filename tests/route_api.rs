@@ -3,12 +3,10 @@
 //! errors for bad requests, a full queue and a queue timeout, none of which disturbs other
 //! clients.
 
-mod route_support;
-
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const KEY: &str = "test-key-0123456789abcdef";
 const T: Duration = Duration::from_secs(30);
@@ -54,13 +52,14 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
         Model::toy("alpha", &["--concurrency", "4", "--service-time", "10ms"]).scale(1, 1, 0),
         Model::toy("beta", &["--concurrency", "4", "--service-time", "10ms"]).scale(2, 2, 0),
     ]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file(&format!(
-        "max_body = \"1KiB\"\napi_keys = [\"{KEY}\"]\n\
+    let (daemon, router, addr) = front_door(
+        &setup,
+        &format!(
+            "max_body = \"1KiB\"\napi_keys = [\"{KEY}\"]\n\
          [route.aliases]\n\"gpt-x\" = \"beta\"\n\
          [route.model.alpha]\npaths = [\"/v1/completions\"]\n"
-    ));
-    let router = Router::start(&route, addr);
+        ),
+    );
     daemon.wait_routed("alpha", 1, T);
     daemon.wait_routed("beta", 2, T);
     wait_until("the router to see both routed sets", T, || {
@@ -293,10 +292,10 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
             ..Model::toy("fast", &["--concurrency", "2", "--service-time", "10ms"]).scale(1, 1, 0)
         },
     ]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) =
-        setup.route_file("queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        &setup,
+        "queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n",
+    );
     daemon.wait_routed("slow", 1, T);
     daemon.wait_routed("fast", 1, T);
     wait_until("the router to see the routed sets", T, || {
@@ -356,9 +355,8 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
 #[test]
 fn request_bodies_together_stay_within_max_buffered() {
     let setup = Setup::new(&[Model::toy("b", &["--service-time", "3s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) =
+        front_door(&setup, "max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n");
     daemon.wait_routed("b", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"b\"}")? == 1.0).then_some(())

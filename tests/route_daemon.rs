@@ -3,12 +3,10 @@
 //! is promoted, no cold start; a wait over the target promotes at once), and the router can
 //! restart without touching a replica.
 
-mod route_support;
-
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -18,9 +16,7 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
     let mut m = Model::toy("z", &["--load-time", "3s", "--service-time", "50ms"]).scale(0, 2, 1);
     m.idle_to_zero = "30m";
     let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     let warm = wait_until("one warm replica, none routed", T, || {
         let model = daemon.model("z");
         let warm = daemon.in_state("z", "warm");
@@ -75,9 +71,7 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
     let mut m = Model::toy("w", &["--service-time", "1s"]).scale(1, 2, 1);
     m.target_wait = "300ms";
     let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     daemon.wait_routed("w", 1, T);
     wait_until("one warm", T, || {
         (daemon.in_state("w", "warm").len() == 1).then_some(())
@@ -111,9 +105,7 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
 #[test]
 fn the_router_restarts_without_touching_a_replica() {
     let setup = Setup::new(&[Model::toy("r", &["--service-time", "20ms"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let mut router = Router::start(&route, addr);
+    let (daemon, mut router, addr) = front_door(&setup, "");
     let before: Vec<Value> = daemon.wait_routed("r", 2, T);
     let pids = |v: &[Value]| -> Vec<(String, i64)> {
         let mut p: Vec<(String, i64)> = v
@@ -137,7 +129,7 @@ fn the_router_restarts_without_touching_a_replica() {
         complete(addr, "r", Duration::from_secs(2)).is_err(),
         "the router is gone"
     );
-    let router = Router::start(&route, addr);
+    let router = Router::start(&setup.config, addr);
     let r = wait_until("an answer through the new router", T, || {
         complete(addr, "r", T).ok().filter(|r| r.status == 200)
     });
@@ -155,9 +147,7 @@ fn the_router_restarts_without_touching_a_replica() {
 #[test]
 fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
     let setup = Setup::new(&[Model::toy("g", &["--service-time", "2s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("shutdown_grace = \"20s\"\n");
-    let mut router = Router::start(&route, addr);
+    let (daemon, mut router, addr) = front_door(&setup, "shutdown_grace = \"20s\"\n");
     daemon.wait_routed("g", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"g\"}")? == 1.0).then_some(())

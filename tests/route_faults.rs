@@ -4,12 +4,10 @@
 //! replica are freed), and a replica that leaves the routed set (its request finishes, nothing
 //! new reaches it). Streams pass chunk by chunk.
 
-mod route_support;
-
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -45,9 +43,7 @@ fn routed_at_router(router: &Router, model: &str, n: f64) {
 #[test]
 fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "4s"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
 
@@ -89,9 +85,7 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
 #[test]
 fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event() {
     let setup = Setup::new(&[Model::streaming("s").scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     daemon.wait_routed("s", 2, T);
     routed_at_router(&router, "s", 2.0);
     let stream = |gate: &std::path::Path, chat: bool| {
@@ -188,9 +182,7 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
 #[test]
 fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "5s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     let replica = daemon.wait_routed("m", 1, T)[0].clone();
     routed_at_router(&router, "m", 1.0);
     let toy: std::net::SocketAddr = replica["addr"].as_str().unwrap().parse().unwrap();
@@ -253,9 +245,7 @@ fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
 #[test]
 fn a_replica_leaving_the_routed_set_finishes_its_requests_and_gets_no_new_one() {
     let setup = Setup::new(&[Model::toy("m", &["--service-time", "3s"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(&setup, "");
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
     let watch = Watch::open(&daemon.socket);

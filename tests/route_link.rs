@@ -4,8 +4,6 @@
 //! back without taking replicas with it (the real daemon's replicas die with it). The replicas
 //! are real `hearth toy-server` processes, the router the real binary.
 
-mod route_support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -112,7 +110,7 @@ struct Toy(Child);
 
 impl Toy {
     fn start(port: u16) -> Toy {
-        let mut cmd = Command::new(HEARTH);
+        let mut cmd = Command::new(hearth());
         cmd.args([
             "toy-server",
             "--port",

@@ -2,13 +2,11 @@
 //! tiny model as the replica: chat and completions, streaming and not, the model list, and the
 //! errors the client maps to its own exceptions.
 
-mod route_support;
-
 use std::process::Command;
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::Value;
+use testkit::route::*;
 
 const KEY: &str = "sk-route-test-0123456789";
 
@@ -33,11 +31,10 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     m.startup_timeout = "5m";
     m.stop_grace = "5s";
     let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file(&format!(
-        "api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"
-    ));
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        &setup,
+        &format!("api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"),
+    );
     daemon.wait_routed("tiny", 1, Duration::from_secs(300));
     wait_until("the router routing tiny", Duration::from_secs(30), || {
         let bearer = format!("Bearer {KEY}");
@@ -53,8 +50,8 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
         (sample(&r.text(), "hearth_route_routed_replicas{model=\"tiny\"}")? == 1.0).then_some(())
     });
 
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/route_support/openai_client.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openai_client.py");
     let out = Command::new(&python)
         .arg(&script)
         .arg(format!("http://{addr}/v1"))

@@ -5,16 +5,14 @@
 //! requests over the target wait and the replica-seconds are printed next to what `hearth
 //! simulate` predicts for the same arrivals and knobs, and must agree within 2×.
 
-mod route_support;
-
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(90);
 /// Trace time replayed, and the compression.
@@ -232,7 +230,7 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
     }
     fs::write(&csv, text).unwrap();
     let cold = model["time_to_ready_ms"].as_u64().unwrap_or(2500);
-    let sim = Command::new(HEARTH)
+    let sim = Command::new(hearth())
         .args(["simulate", "--config"])
         .arg(&config)
         .args(["--model", "r", "--trace"])

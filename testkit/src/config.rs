@@ -13,6 +13,18 @@ fn list(items: &[String]) -> String {
     format!("[{}]", items.join(", "))
 }
 
+/// `hearth toy-server --port {port} ARGS…`, as a model's `command`.
+pub(crate) fn toy_command(args: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        crate::hearth().display().to_string(),
+        "toy-server".into(),
+        "--port".into(),
+        "{port}".into(),
+    ];
+    command.extend(args.iter().map(|s| s.to_string()));
+    command
+}
+
 /// The name of the account this test runs as.
 pub fn current_user() -> Option<String> {
     nix::unistd::User::from_uid(nix::unistd::geteuid())
@@ -94,13 +106,7 @@ impl Model {
     /// completion (5 s a try, 1 m to start, rechecked every minute), stop_grace 2 s; scaling
     /// target 2 s, down after 10 m of calm by one a 5 m, drains up to 30 s.
     pub fn toy(name: &str, args: &[&str]) -> Model {
-        let mut command = vec![
-            crate::hearth().display().to_string(),
-            "toy-server".into(),
-            "--port".into(),
-            "{port}".into(),
-        ];
-        command.extend(args.iter().map(|s| s.to_string()));
+        let command = toy_command(args);
         Model {
             name: name.to_string(),
             version: "1".into(),

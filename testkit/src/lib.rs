@@ -12,6 +12,8 @@
 //! - [`procs`]: /proc, signals, and the [`Reaper`] that kills every process a test started.
 //! - [`http()`], [`complete`], [`llama_complete`]: HTTP/1.1 to replicas.
 //! - [`NotifyRecorder`]: the service manager's end of `NOTIFY_SOCKET`.
+//! - [`route`]: the front door's tests: the daemon and `hearth route` as processes, HTTP that
+//!   streams, and [`route::FrontDoor`], the arrange step they share.
 //!
 //! Cleanup, also when a test panics: every process the harness starts carries one mark in its
 //! environment, `HEARTH_TESTKIT_MARK=<its daemon's directory>`: the daemon (and so every replica
@@ -34,6 +36,7 @@ mod notify;
 pub mod ports;
 pub mod procs;
 mod real_model;
+pub mod route;
 pub mod status;
 mod wait;
 mod watch;
