@@ -243,13 +243,7 @@ fn squatted(groups: bool) {
     let r = testkit::status::replicas_of(&starting)[0].clone();
     let port = r["port"].as_u64().unwrap().to_string();
     let watch = d.watch(Some("toy"));
-    let (k, v) = d.mark();
-    let mut squatter = std::process::Command::new(hearth())
-        .args(["toy-server", "--port", &port])
-        .env(k, v)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut squatter = d.squatter(&port);
     // The squatter answers the warm-up with 200; hearth sees it is not the replica's process.
     let m = d.wait_model("toy", "the squatter named", Duration::from_secs(20), |m| {
         testkit::status::replicas_of(m).iter().any(|r| {

@@ -72,6 +72,18 @@ impl Home {
         self.reaper.env()
     }
 
+    /// A toy server on `port` that the daemon did not start (a squatter, a stranger on a
+    /// replica's port), carrying the mark so that cleanup finds it.
+    pub fn squatter(&self, port: &str) -> Child {
+        let (k, v) = self.mark();
+        Command::new(crate::hearth())
+            .args(["toy-server", "--port", port])
+            .env(k, v)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start a toy server the daemon does not know")
+    }
+
     /// The daemon's stderr so far: its log (empty for an in-process daemon).
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default()
