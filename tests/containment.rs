@@ -22,13 +22,13 @@ enum Mode {
 
 /// The mode the daemon says it chose.
 fn mode(d: &Daemon) -> Mode {
-    let log = d.log();
-    if log.contains("containment: cgroup2 subtree at") {
+    let chosen = d.containment();
+    if chosen.starts_with("cgroup2 subtree at") {
         Mode::Cgroup
-    } else if log.contains("containment: process groups") {
+    } else if chosen.starts_with("process groups") {
         Mode::Groups
     } else {
-        panic!("no containment line in the log:\n{log}")
+        panic!("no containment line in the log:\n{}", d.log())
     }
 }
 

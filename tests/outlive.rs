@@ -24,7 +24,7 @@ fn daemon(models: Vec<Model>) -> Option<Daemon> {
         return None;
     }
     let d = Daemon::builder().models(models).tick("100ms").start();
-    if !d.log().contains("containment: cgroup2 subtree at") {
+    if !d.containment().starts_with("cgroup2 subtree at") {
         eprintln!("note: no writable cgroup2 here: {}", d.log_tail(20));
         return None;
     }

@@ -72,6 +72,22 @@ impl Home {
         self.reaper.env()
     }
 
+    /// What the daemon's one containment line says it chose ("cgroup2 subtree at …", "systemd
+    /// scopes under …", "process groups …"). The daemon logs it just after its socket listens,
+    /// so a test that has only waited for the socket waits for the line here.
+    pub fn containment(&self) -> String {
+        crate::wait_until(
+            "the daemon's containment line",
+            Duration::from_secs(20),
+            || {
+                self.log().lines().find_map(|l| {
+                    let (_, chosen) = l.split_once("containment: ")?;
+                    (!chosen.starts_with("not stronger")).then(|| chosen.to_string())
+                })
+            },
+        )
+    }
+
     /// A toy server on `port` that the daemon did not start (a squatter, a stranger on a
     /// replica's port), carrying the mark so that cleanup finds it.
     pub fn squatter(&self, port: &str) -> Child {
