@@ -89,8 +89,16 @@ impl Home {
     }
 
     /// A toy server on `port` that the daemon did not start (a squatter, a stranger on a
-    /// replica's port), carrying the mark so that cleanup finds it.
+    /// replica's port), carrying the mark so that cleanup finds it. Started once the port can be
+    /// bound: a process just killed holds its sockets until its last thread has exited, after
+    /// its leader already reads as gone.
     pub fn squatter(&self, port: &str) -> Child {
+        let n: u16 = port.parse().expect("a port number");
+        crate::wait_until(
+            &format!("port {port} free for the squatter"),
+            Duration::from_secs(10),
+            || std::net::TcpListener::bind(("127.0.0.1", n)).ok().map(drop),
+        );
         let (k, v) = self.mark();
         Command::new(crate::hearth())
             .args(["toy-server", "--port", port])
