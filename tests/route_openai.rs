@@ -14,31 +14,22 @@ const KEY: &str = "sk-route-test-0123456789";
 fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     let dir = real_model_dir();
     let python = openai_python();
-    let mut m = Model::with_command(
-        "tiny",
-        vec![
-            dir.join("llama-server").display().to_string(),
-            "-m".into(),
-            dir.join("tiny-llama.gguf").display().to_string(),
-            "--port".into(),
-            "{port}".into(),
-            "-np".into(),
-            "1".into(),
-        ],
-    )
-    .scale(1, 1, 0);
-    m.warmup_body = r#"{"prompt":"Hello","max_tokens":2}"#.into();
-    m.startup_timeout = "5m";
-    m.stop_grace = "5s";
-    let setup = Setup::new(&[m]);
+    let server = dir.join("llama-server").display().to_string();
+    let gguf = dir.join("tiny-llama.gguf").display().to_string();
+    let mut m = Model::front_toy("tiny", &[])
+        .command(&[&server, "-m", &gguf, "--port", "{port}", "-np", "1"])
+        .scale(1, 1, 0)
+        .startup_timeout("5m")
+        .stop_grace("5s");
+    m.warmup.body = r#"{"prompt":"Hello","max_tokens":2}"#.into();
     let (daemon, router, addr) = front_door(
-        &setup,
+        [m],
         &format!("api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"),
     );
     daemon.wait_routed("tiny", 1, Duration::from_secs(300));
     wait_until("the router routing tiny", Duration::from_secs(30), || {
         let bearer = format!("Bearer {KEY}");
-        let r = request(
+        let r = send(
             addr,
             "GET",
             "/metrics",
@@ -46,6 +37,7 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
             b"",
             Duration::from_secs(10),
         )
+        .and_then(Streaming::whole)
         .ok()?;
         (sample(&r.text(), "hearth_route_routed_replicas{model=\"tiny\"}")? == 1.0).then_some(())
     });

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io::Read;
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -41,19 +42,27 @@ pub struct Home {
     // directory.
     reaper: Reaper,
     _ports: PortBlock,
+    _route_port: Option<PortBlock>,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub config_path: PathBuf,
     /// The replica port range of the configuration.
     pub ports: (u16, u16),
+    /// `[route] listen`, on a port of its own held as long as the daemon's ports (a router
+    /// started again binds it again), when the configuration has `[route]`.
+    pub route_addr: Option<SocketAddr>,
     pub config: Config,
 }
 
 impl Home {
     /// The configuration file as rendered from `config`.
     pub fn config_text(&self) -> String {
-        self.config
-            .render(self.dir.path(), self.ports, self.reaper.env())
+        self.config.render(
+            self.dir.path(),
+            self.ports,
+            self.route_addr,
+            self.reaper.env(),
+        )
     }
 
     /// Writes the configuration file from `config`.
@@ -179,6 +188,20 @@ impl Home {
 
     pub fn watch(&self, model: Option<&str>) -> Watch {
         Watch::open(&self.socket, model)
+    }
+
+    /// A replica of `model` by id, if the daemon still has it.
+    pub fn replica(&self, model: &str, id: &str) -> Option<Value> {
+        self.replicas(model).into_iter().find(|r| r["id"] == id)
+    }
+
+    /// Waits until `model` has exactly `n` routed replicas; returns them.
+    pub fn wait_routed(&self, model: &str, n: usize, timeout: Duration) -> Vec<Value> {
+        let what = format!("{n} routed replica(s) of {model}");
+        self.wait_status(&what, timeout, |st| {
+            let routed = status::in_state(st, model, "routed");
+            (routed.len() == n).then_some(routed)
+        })
     }
 
     /// Polls the status until `f` returns Some; panics after `timeout` with the last status and
@@ -376,6 +399,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// `[route]` for `hearth route` on the same file: `listen` on a port of the daemon's, then
+    /// `keys` (TOML) as they are.
+    pub fn route(mut self, keys: &str) -> Self {
+        self.config.route = Some(keys.into());
+        self
+    }
+
     /// How many replica ports (default: the models' `max`, summed, plus 4).
     pub fn ports(mut self, n: u16) -> Self {
         self.ports = Some(n);
@@ -413,6 +443,7 @@ impl DaemonBuilder {
             u16::try_from(max + 4).expect("a port range that fits")
         });
         let block = crate::ports::ports(n);
+        let route_port = self.config.route.is_some().then(|| crate::ports::ports(1));
         let dir = self.dir;
         let reaper = Reaper::new(&dir.path().display().to_string())
             .with_cgroups_of(&dir.path().join("state"));
@@ -420,8 +451,12 @@ impl DaemonBuilder {
             socket: dir.path().join("hearth.sock"),
             config_path: dir.path().join("config.toml"),
             ports: block.range(),
+            route_addr: route_port
+                .as_ref()
+                .map(|b| SocketAddr::from(([127, 0, 0, 1], b.first))),
             config: self.config,
             _ports: block,
+            _route_port: route_port,
             reaper,
             dir,
         };
@@ -497,22 +532,8 @@ impl Launch {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(append(&out))
-            .stderr(append(&log))
-            .process_group(0);
-        let parent = getpid();
-        // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
-        // allocation (an Errno converts to io::Error without one).
-        unsafe {
-            cmd.pre_exec(move || {
-                // A test binary killed from outside takes its daemon along.
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // It may have died before the prctl: then no signal would ever come.
-                if getppid() != parent {
-                    return Err(nix::errno::Errno::ESRCH.into());
-                }
-                Ok(())
-            });
-        }
+            .stderr(append(&log));
+        guard(&mut cmd);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {argv:?}: {e}"));
@@ -529,13 +550,33 @@ impl Launch {
     }
 }
 
-/// A log file the daemon appends to: a restarted daemon's lines follow the earlier run's.
-fn append(path: &Path) -> fs::File {
+/// A process of the harness's own (the daemon, a router) in a process group of its own, killed
+/// when the test process dies.
+pub(crate) fn guard(cmd: &mut Command) {
+    cmd.process_group(0);
+    let parent = getpid();
+    // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
+    // allocation (an Errno converts to io::Error without one).
+    unsafe {
+        cmd.pre_exec(move || {
+            // A test binary killed from outside takes the process along.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // It may have died before the prctl: then no signal would ever come.
+            if getppid() != parent {
+                return Err(nix::errno::Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A log file a process appends to: a restarted process's lines follow the earlier run's.
+pub(crate) fn append(path: &Path) -> fs::File {
     fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .expect("the daemon's log file")
+        .expect("a log file")
 }
 
 impl Daemon {

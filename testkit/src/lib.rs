@@ -12,19 +12,19 @@
 //! - [`procs`]: /proc, signals, and the [`Reaper`] that kills every process a test started.
 //! - [`http()`], [`complete`], [`llama_complete`]: HTTP/1.1 to replicas.
 //! - [`NotifyRecorder`]: the service manager's end of `NOTIFY_SOCKET`.
-//! - [`route`]: the front door's tests: the daemon and `hearth route` as processes, HTTP that
-//!   streams, and [`route::FrontDoor`], the arrange step they share.
+//! - [`route`]: the front door's tests: `hearth route` on a daemon's file ([`route::Router`],
+//!   [`DaemonBuilder::route`]), HTTP that streams, and [`route::front_door`], the arrange step
+//!   they share.
 //!
 //! Cleanup, also when a test panics: every process the harness starts carries one mark in its
 //! environment, `HEARTH_TESTKIT_MARK=<its daemon's directory>`: the daemon (and so every replica
 //! it forks, and theirs), each rendered model's `env` (for servers started without the daemon's
-//! environment, and for an in-process daemon), and every CLI run. Dropping a [`Daemon`] or a
-//! [`Home`] SIGKILLs the daemon and reaps it, then kills every live process with the mark and
-//! its process group until none is left, then kills and removes the daemon's replica cgroups
-//! ([`cgroups`]: a process that dropped the mark is still found there), and fails the test if one
-//! survives. The daemon also
-//! gets PR_SET_PDEATHSIG, so a test binary killed from outside takes its daemons along, and they
-//! take their replicas.
+//! environment, and for an in-process daemon), every CLI run, and every router. Dropping a
+//! [`Daemon`] or a [`Home`] SIGKILLs the daemon and reaps it, then kills every live process with
+//! the mark and its process group until none is left, then kills and removes the daemon's
+//! replica cgroups ([`cgroups`]: a process that dropped the mark is still found there), and fails
+//! the test if one survives. The daemon and routers also get PR_SET_PDEATHSIG, so a test binary
+//! killed from outside takes them along, and the daemons their replicas.
 
 pub mod cgroups;
 mod config;
@@ -54,7 +54,7 @@ pub use measure::{
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;
-pub use real_model::{real_model_dir, shared_dir};
+pub use real_model::{openai_python, real_model_dir, shared_dir};
 pub use serde_json::{json, Value};
 pub use wait::{poll, wait_until, POLL};
 pub use watch::{endpoint_ids, endpoints, replica_event, Ev, Watch};

@@ -96,6 +96,17 @@ impl Streaming {
         Ok(out)
     }
 
+    /// The whole answer, its body read to the end (`send(…)?.whole()`: a request and its
+    /// answer).
+    pub fn whole(mut self) -> io::Result<Resp> {
+        let body = self.rest()?;
+        Ok(Resp {
+            status: self.status,
+            headers: self.headers,
+            body,
+        })
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -134,7 +145,8 @@ pub fn sample(page: &str, series: &str) -> Option<f64> {
     })
 }
 
-/// Sends a request on a new connection and reads the answer's head.
+/// Sends a request on a new connection and reads the answer's head; [`Streaming::whole`]
+/// reads the rest.
 pub fn send(
     addr: SocketAddr,
     method: &str,
@@ -201,38 +213,21 @@ fn read_head(mut reader: BufReader<TcpStream>) -> io::Result<Streaming> {
     })
 }
 
-/// A whole request and answer.
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    timeout: Duration,
-) -> io::Result<Resp> {
-    let mut s = send(addr, method, path, headers, body, timeout)?;
-    let body = s.rest()?;
-    Ok(Resp {
-        status: s.status,
-        headers: s.headers,
-        body,
-    })
-}
-
 pub fn get(addr: SocketAddr, path: &str) -> io::Result<Resp> {
-    request(addr, "GET", path, &[], b"", Duration::from_secs(10))
+    send(addr, "GET", path, &[], b"", Duration::from_secs(10))?.whole()
 }
 
 /// `POST path` with a JSON body.
 pub fn post(addr: SocketAddr, path: &str, body: &Value, timeout: Duration) -> io::Result<Resp> {
-    request(
+    send(
         addr,
         "POST",
         path,
         &[("Content-Type", "application/json")],
         body.to_string().as_bytes(),
         timeout,
-    )
+    )?
+    .whole()
 }
 
 /// A completion for `model` through the router.
