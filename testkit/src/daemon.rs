@@ -527,16 +527,8 @@ impl Launch {
         if home.config.log_level.is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        let (k, v) = home.mark();
-        cmd.env(k, v)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(append(&out))
-            .stderr(append(&log));
-        guard(&mut cmd);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {argv:?}: {e}"));
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child = spawn_marked(&mut cmd, home, &out, &log);
         let pid = child.id() as i32;
         (Some(child), pid)
     }
@@ -550,10 +542,16 @@ impl Launch {
     }
 }
 
-/// A process of the harness's own (the daemon, a router) in a process group of its own, killed
+/// Starts a process of the harness's own (the daemon, a router) for `home`: with its mark, no
+/// stdin, stdout and stderr appended to `out` and `err`, in a process group of its own, killed
 /// when the test process dies.
-pub(crate) fn guard(cmd: &mut Command) {
-    cmd.process_group(0);
+pub(crate) fn spawn_marked(cmd: &mut Command, home: &Home, out: &Path, err: &Path) -> Child {
+    let (k, v) = home.mark();
+    cmd.env(k, v)
+        .stdin(Stdio::null())
+        .stdout(append(out))
+        .stderr(append(err))
+        .process_group(0);
     let parent = getpid();
     // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
     // allocation (an Errno converts to io::Error without one).
@@ -568,10 +566,11 @@ pub(crate) fn guard(cmd: &mut Command) {
             Ok(())
         });
     }
+    cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"))
 }
 
 /// A log file a process appends to: a restarted process's lines follow the earlier run's.
-pub(crate) fn append(path: &Path) -> fs::File {
+fn append(path: &Path) -> fs::File {
     fs::OpenOptions::new()
         .create(true)
         .append(true)

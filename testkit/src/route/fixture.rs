@@ -3,11 +3,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 use super::{get, sample};
-use crate::daemon::{append, guard};
+use crate::daemon::spawn_marked;
 use crate::procs::signal;
 use crate::{poll, Daemon, DaemonBuilder, Home, Model, Signal};
 
@@ -78,21 +78,13 @@ impl Router {
             .route_addr
             .expect("a configuration with [route] (DaemonBuilder::route)");
         let log = home.dir.path().join("route.log");
-        let (k, v) = home.mark();
         let mut cmd = Command::new(crate::hearth());
         cmd.arg("route")
             .arg("--config")
             .arg(&home.config_path)
             .env_remove("HEARTH_SOCKET")
-            .env("RUST_LOG", "info")
-            .env(k, v)
-            .stdin(Stdio::null())
-            .stdout(append(&log))
-            .stderr(append(&log));
-        guard(&mut cmd);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start hearth route: {e}"));
+            .env("RUST_LOG", "info");
+        let child = spawn_marked(&mut cmd, home, &log, &log);
         let mut router = Router {
             addr,
             child: Some(child),
