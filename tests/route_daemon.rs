@@ -43,16 +43,11 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
         Some(warm.as_str()),
         "served by the pool's replica"
     );
-    let (
-        _,
-        Ev {
-            at: routed_at,
-            v: ev,
-        },
-    ) = watch
+    let (routed_at, ev) = watch
         .wait_for(0, Duration::ZERO, |v| {
             v["event"] == "routed" && endpoint_ids(v).contains(&warm)
         })
+        .map(|(_, e)| (e.at, e.v))
         .expect("the warm replica was routed");
     assert!(routed_at >= sent, "routed only after the request: {ev}");
     // The wait was the promotion's, far below a cold start's 3 s (the pool's refill starts

@@ -2,10 +2,10 @@
 //! daemon in a temporary directory, with replicas on a port block of its own, and talks to it
 //! the way users and routers do (its Unix socket, its CLI, HTTP).
 //!
-//! - [`Daemon::builder`]: the configuration ([`Model`], GPUs, metrics, log level, raw TOML), the
-//!   launch (environment, notify socket, watchdog, a wrapper command), then `start` (waits for
-//!   the socket) or `spawn` (does not); [`Home`] is the directory, ports and cleanup before any
-//!   process runs (for an in-process daemon).
+//! - [`Daemon::builder`]: the configuration ([`Model`], GPUs, metrics, log level, `[route]`, raw
+//!   TOML), the launch (environment, notify socket, watchdog, a wrapper command), then `start`
+//!   (waits for the socket) or `spawn` (does not); [`Home`] is the directory, ports and cleanup
+//!   before any process runs (for an in-process daemon, or a test that plays the daemon).
 //! - [`poll`] and [`wait_until`]: the one way to wait for a condition, with a deadline.
 //! - [`Conn`]: a control-socket client; [`Watch`]: a watch connection recorded on a thread.
 //! - [`ports`]: a block of loopback ports no other test on this machine holds.
