@@ -232,12 +232,14 @@ fn squatted(groups: bool) {
     let d = b.start();
     let starting = d.wait_model(
         "toy",
-        "a starting replica with a port",
+        "a started replica with a port",
         Duration::from_secs(20),
         |m| {
+            // Spawned (a pid), not only given a port: a squatter that came before the spawn
+            // would be found by the spawn's port check and passed over, never asked.
             testkit::status::replicas_of(m)
                 .iter()
-                .any(|r| r["state"] == "starting" && r["port"].is_u64())
+                .any(|r| r["state"] == "starting" && r["port"].is_u64() && r["pid"].is_u64())
         },
     );
     let r = testkit::status::replicas_of(&starting)[0].clone();
