@@ -98,6 +98,9 @@ struct Shell {
     reexec: Option<upgrade::Reexec>,
     listener_fd: std::os::fd::RawFd,
     upgrade_due: mpsc::Sender<()>,
+    /// The runtime's workers, where what the loop starts runs (the loop has a thread of its
+    /// own: `on_own_thread`).
+    workers: tokio::runtime::Handle,
 }
 
 impl Daemon {
@@ -174,13 +177,10 @@ impl Daemon {
             operators: operators_tx.clone(),
             published: published.clone(),
             access: access.clone(),
+            reporters: Some(tokio::runtime::Handle::current()),
         };
-        tracker.spawn(control::serve(
-            listener,
-            control,
-            shutdown.clone(),
-            tracker.clone(),
-        ));
+        // Served from the core's thread (below).
+        let listener = listener.into_std()?;
         let recorder = Arc::new(Recorder::new());
         if let Some(l) = metrics_listener {
             if let Ok(addr) = l.local_addr() {
@@ -228,8 +228,95 @@ impl Daemon {
             reexec,
             listener_fd,
             upgrade_due,
+            workers: tokio::runtime::Handle::current(),
         };
-        shell.start(how, adopted);
+        on_own_thread(async move {
+            // From here on, on the core's own thread (see `on_own_thread`).
+            let listener = UnixListener::from_std(listener)?;
+            tracker.spawn(control::serve(
+                listener,
+                control,
+                shutdown.clone(),
+                tracker.clone(),
+            ));
+            shell.tick = ticker(shell.tick.period());
+            shell
+                .run(how, adopted, stop, hup, rx, operators_rx, upgrade_wake)
+                .await;
+            shell.fx.finish(Duration::from_secs(2));
+            shutdown.cancel();
+            tracker.close();
+            let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+            sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+            containment.close();
+            match std::fs::remove_file(&socket_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("removing {}: {e}", socket_path.display()),
+            }
+            tracing::info!("stopped");
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// Runs the core's loop on a thread of its own, with a runtime of its own, and waits for it.
+/// On the runtime's workers the loop would be one task among hundreds of reporters'
+/// connections, each of its turns queued behind theirs: under 256 clients reporting at full
+/// speed, an operator's `status` (accepted, read, answered by the loop, written) waited behind
+/// them at each step (benches/hardening.rs). What the loop starts (processes, probes, reloads)
+/// still runs on the workers: it enters their runtime for that. A panic on the thread comes
+/// back here as a panic of the daemon's task, which main.rs turns into re-adoption.
+async fn on_own_thread(
+    core: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("hearth-core".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = done.send(Ok(Err(anyhow::anyhow!("the core's runtime: {e}"))));
+                    return;
+                }
+            };
+            let ended =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(core)));
+            // Name lookups of connections still under way are not waited for.
+            rt.shutdown_timeout(Duration::from_secs(1));
+            let _ = done.send(ended);
+        })?;
+    match finished.await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => Err(anyhow::anyhow!("the core's thread ended without a word")),
+    }
+}
+
+impl Shell {
+    /// The loop: until every replica is gone after a shutdown (or its deadline passed).
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &mut self,
+        how: Adoption,
+        adopted: Ledger,
+        stop: mpsc::Receiver<bool>,
+        hup: mpsc::Receiver<()>,
+        inbox: mpsc::Receiver<ShellMsg>,
+        operators: mpsc::Receiver<ShellMsg>,
+        upgrade: mpsc::Receiver<()>,
+    ) {
+        let shell = self;
+        {
+            let workers = shell.workers.clone();
+            let _on_workers = workers.enter();
+            shell.start(how, adopted);
+        }
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
         let watchdog = shell.notifier.watchdog_interval().map(ticker);
@@ -244,53 +331,51 @@ impl Daemon {
             stop,
             hup,
             watchdog,
-            inbox: rx,
-            operators: operators_rx,
+            inbox,
+            operators,
             operators_first: true,
             deadline: None,
-            upgrade: upgrade_wake,
+            upgrade,
         };
 
         while !shell.fx.done() {
-            match sources.next(&mut shell.tick).await {
-                Wake::Msg(msg) => shell.message(msg),
-                Wake::Stop(immediate) => {
-                    if !shell.stopping {
-                        // Checked: shutdown_timeout is whatever the file said.
-                        sources.deadline = shell
-                            .node
-                            .config()
-                            .daemon
-                            .shutdown_timeout
-                            .checked_add(Duration::from_secs(5))
-                            .and_then(|d| tokio::time::Instant::now().checked_add(d));
-                    }
-                    shell.stop(immediate);
-                }
-                Wake::Hangup => shell.event(Event::ReloadSignal),
-                Wake::Watchdog => shell.notifier.watchdog(),
-                Wake::Upgrade => shell.reexecute(),
-                Wake::Tick => shell.event(Event::Tick),
-                Wake::Deadline => {
-                    tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
-                    break;
-                }
+            let wake = sources.next(&mut shell.tick).await;
+            if !shell.wake(wake, &mut sources) {
+                break;
             }
         }
+    }
 
-        shell.fx.finish(Duration::from_secs(2));
-        shutdown.cancel();
-        tracker.close();
-        let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
-        sampling.store(true, std::sync::atomic::Ordering::Relaxed);
-        containment.close();
-        match std::fs::remove_file(&socket_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!("removing {}: {e}", socket_path.display()),
+    /// Handles one wake-up; false: leave the loop. Whatever it starts is spawned on the
+    /// runtime's workers, not on the core's thread.
+    fn wake(&mut self, wake: Wake, sources: &mut Sources) -> bool {
+        let workers = self.workers.clone();
+        let _on_workers = workers.enter();
+        match wake {
+            Wake::Msg(msg) => self.message(msg),
+            Wake::Stop(immediate) => {
+                if !self.stopping {
+                    // Checked: shutdown_timeout is whatever the file said.
+                    sources.deadline = self
+                        .node
+                        .config()
+                        .daemon
+                        .shutdown_timeout
+                        .checked_add(Duration::from_secs(5))
+                        .and_then(|d| tokio::time::Instant::now().checked_add(d));
+                }
+                self.stop(immediate);
+            }
+            Wake::Hangup => self.event(Event::ReloadSignal),
+            Wake::Watchdog => self.notifier.watchdog(),
+            Wake::Upgrade => self.reexecute(),
+            Wake::Tick => self.event(Event::Tick),
+            Wake::Deadline => {
+                tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
+                return false;
+            }
         }
-        tracing::info!("stopped");
-        Ok(())
+        true
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod account;
+pub mod admission;
 pub mod conn;
 pub mod containment;
 pub mod control;
