@@ -109,8 +109,9 @@ impl Slots {
             true
         } else {
             return Admission::Busy(format!(
-                "too many connections ({} open); try again",
-                self.general + self.reserved
+                "too many connections ({} open; the last {} are kept for admins); try again",
+                self.general + self.reserved,
+                self.reserved
             ));
         };
         *held.by_uid.entry(uid).or_insert(0) += 1;
@@ -254,7 +255,7 @@ mod tests {
         assert!(!must);
         assert_eq!(slots.open(), (8, 2));
         // Then nobody, root included.
-        assert!(busy(slots.admit(0, true)).contains("too many connections (10 open)"));
+        assert!(busy(slots.admit(0, true)).contains("too many connections (10 open;"));
         assert!(busy(slots.admit(3000, false)).contains("too many connections"));
         drop(reserved);
         let (_, must) = admitted(slots.admit(0, true));

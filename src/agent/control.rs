@@ -353,13 +353,26 @@ impl Connection {
             if !settle(&mut answers).await {
                 return;
             }
-            let mut out = String::new();
-            for a in answers.drain(..) {
-                if let Pending::Ready(answer) = a {
-                    out.push_str(&protocol::encode_answer(&answer));
-                    out.push('\n');
+            let ready: Vec<protocol::Answer> = answers
+                .drain(..)
+                .filter_map(|a| match a {
+                    Pending::Ready(answer) => Some(answer),
+                    Pending::Core(_) => None,
+                })
+                .collect();
+            // A status lists every replica: on the core's thread, it is written out on a
+            // thread of the blocking pool rather than between two turns of the loop.
+            let big = ready
+                .iter()
+                .any(|a| matches!(a, Ok(Response::Status { .. })));
+            let mut out = if big && control.reporters.is_some() {
+                match tokio::task::spawn_blocking(move || encode_all(&ready)).await {
+                    Ok(out) => out,
+                    Err(_) => return,
                 }
-            }
+            } else {
+                encode_all(&ready)
+            };
             if let Some(Stop::SlowLine) = stopped {
                 let f = Failure::new(
                     ErrorCode::BadRequest,
@@ -394,6 +407,16 @@ impl Connection {
             }
         }
     }
+}
+
+/// Answers as lines, in order.
+fn encode_all(answers: &[protocol::Answer]) -> String {
+    let mut out = String::new();
+    for answer in answers {
+        out.push_str(&protocol::encode_answer(answer));
+        out.push('\n');
+    }
+    out
 }
 
 /// A line that is not an operator's request: the connection leaves the core's thread.

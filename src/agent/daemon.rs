@@ -338,10 +338,22 @@ impl Shell {
             upgrade,
         };
 
+        // Work done since the loop last let the connections on its thread run.
+        let mut worked = Duration::ZERO;
         while !shell.fx.done() {
             let wake = sources.next(&mut shell.tick).await;
+            let began = Instant::now();
             if !shell.wake(wake, &mut sources) {
                 break;
+            }
+            worked += began.elapsed();
+            // Under a flood the queues never run dry and the loop would run until the runtime's
+            // budget (128 messages, milliseconds of work) stops it, while an operator's
+            // connection on this thread waits to be accepted, read or answered. It steps aside
+            // after `TURN` of work instead.
+            if worked >= TURN {
+                worked = Duration::ZERO;
+                tokio::task::yield_now().await;
             }
         }
     }
@@ -578,6 +590,9 @@ impl Shell {
         status_line(&st, &self.gpu_kind, self.stopping)
     }
 }
+
+/// Work the loop does before it lets the other tasks on its thread run (see `Shell::run`).
+const TURN: Duration = Duration::from_micros(200);
 
 /// How long the answer to `upgrade` gets to reach its client before the exec closes every
 /// connection.
