@@ -6,6 +6,7 @@ pub mod admission;
 pub mod conn;
 pub mod containment;
 pub mod control;
+mod core_thread;
 pub mod daemon;
 mod effects;
 pub mod gpu_monitor;
