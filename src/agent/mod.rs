@@ -2,9 +2,11 @@
 
 pub mod access;
 pub mod account;
+pub mod admission;
 pub mod conn;
 pub mod containment;
 pub mod control;
+mod core_thread;
 pub mod daemon;
 mod effects;
 pub mod gpu_monitor;

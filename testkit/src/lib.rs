@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use config::{Config, Liveness, Model};
-pub use conn::{request, Conn};
+pub use conn::{ask_on, connect_as, request, Conn};
 pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
 pub use measure::{
