@@ -14,6 +14,7 @@ pub mod gpu_owner;
 pub mod inbox;
 pub mod inventory;
 pub mod ledger;
+mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
