@@ -204,7 +204,7 @@ impl Node {
             state: WatchedState::GONE,
         }));
         if let Some(m) = self.models.get(&r.model) {
-            if m.removed && !self.replicas.values().any(|x| x.model == r.model) {
+            if m.removed && !self.replicas.has_model(&r.model) {
                 let name = r.model.clone();
                 self.models.remove(&name);
                 self.log_global(LogLevel::Info, format!("model {name} removed"), out);

@@ -47,6 +47,7 @@ mod reload;
 #[cfg(test)]
 mod reload_tests;
 mod replica;
+mod replicas;
 mod requests;
 mod scrape;
 mod signal;

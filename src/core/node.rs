@@ -10,7 +10,8 @@ use super::model::{ModelState, Overrides};
 use super::policy::{Decision, Inputs};
 use super::ports::PortPool;
 use super::reload::Reloads;
-use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::replica::{ReplicaId, ReplicaState};
+use super::replicas::Replicas;
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::Config;
@@ -24,7 +25,7 @@ pub(super) struct ShutdownState {
 pub struct Node {
     pub(super) config: Config,
     pub(super) models: BTreeMap<String, ModelState>,
-    pub(super) replicas: BTreeMap<ReplicaId, Replica>,
+    pub(super) replicas: Replicas,
     pub(super) gpus: GpuTable,
     pub(super) ports: PortPool,
     pub(super) shutdown: Option<ShutdownState>,
@@ -68,7 +69,7 @@ impl Node {
             ports: PortPool::new(config.daemon.ports),
             config,
             models,
-            replicas: BTreeMap::new(),
+            replicas: Replicas::default(),
             gpus: GpuTable::new(devices),
             shutdown: None,
             shutdown_reported: false,
@@ -146,8 +147,8 @@ impl Node {
         let routed = self.count(model, ReplicaState::Routed);
         let warm = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && r.promotable())
+            .of_model(model)
+            .filter(|r| r.promotable())
             .count() as u32;
         let signal = self.model_signal(model, now);
         let Some(m) = self.models.get_mut(model) else {
@@ -212,8 +213,8 @@ impl Node {
         let m = self.models.get(model)?;
         let routed = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed)
             .map(|r| &r.signal);
         ModelSignal::combine(&m.model_wide, routed, now, m.config.scaling.stale_after)
     }
@@ -224,8 +225,8 @@ impl Node {
         // Live: the configuration now, whatever spec the replica was launched from.
         let slots = self.models.get(model).map_or(1, |m| m.config.slots);
         self.replicas
-            .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed)
             .filter_map(|r| {
                 Some(Endpoint {
                     replica: r.id.0.clone(),
@@ -252,8 +253,8 @@ impl Node {
 
     pub(super) fn count(&self, model: &str, state: ReplicaState) -> u32 {
         self.replicas
-            .values()
-            .filter(|r| r.model == model && r.state == state)
+            .of_model(model)
+            .filter(|r| r.state == state)
             .count() as u32
     }
 

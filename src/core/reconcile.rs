@@ -50,7 +50,7 @@ impl Node {
 
     pub(super) fn counts(&self, model: &str) -> Counts {
         let mut c = Counts::default();
-        for r in self.replicas.values().filter(|r| r.model == model) {
+        for r in self.replicas.of_model(model) {
             match r.state {
                 ReplicaState::Routed if self.departing(r) => c.leaving += 1,
                 ReplicaState::Routed => c.routed += 1,
@@ -108,8 +108,7 @@ impl Node {
         // that serve nothing go at once; routed ones wait for their replacement (below).
         let idle_departing: Vec<ReplicaId> = self
             .replicas
-            .values()
-            .filter(|r| r.model == name)
+            .of_model(name)
             .filter(|r| {
                 matches!(
                     r.state,
@@ -130,8 +129,8 @@ impl Node {
         let mut c = self.counts(name);
         let verifying = self
             .replicas
-            .values()
-            .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
+            .of_model(name)
+            .filter(|r| r.state == ReplicaState::Starting && r.was_routed)
             .count() as u32;
         // Those that were routed before the daemon died first, then the oldest. Ranked once:
         // promoting one changes no other's rank (a walk over every replica per promotion made
@@ -291,7 +290,7 @@ impl Node {
 
     /// The oldest (or newest) replica of the model that matches.
     fn pick(&self, model: &str, f: impl Fn(&Replica) -> bool, newest: bool) -> Option<ReplicaId> {
-        let it = self.replicas.values().filter(|r| r.model == model && f(r));
+        let it = self.replicas.of_model(model).filter(|r| f(r));
         let r = if newest {
             it.max_by_key(|r| r.n)
         } else {
@@ -310,8 +309,8 @@ impl Node {
     ) -> Vec<ReplicaId> {
         let mut v: Vec<(K, ReplicaId)> = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && f(r))
+            .of_model(model)
+            .filter(|r| f(r))
             .map(|r| (key(r), r.id.clone()))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -333,7 +332,7 @@ impl Node {
         let globs = spec.prefetch.clone();
         let r = Replica::new(model, n, spec, now, restarts);
         let id = r.id.clone();
-        self.replicas.insert(id.clone(), r);
+        self.replicas.insert(r);
         if !globs.is_empty() {
             out.push(Action::Prefetch {
                 replica: id.clone(),

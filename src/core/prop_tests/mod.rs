@@ -216,9 +216,13 @@ impl World {
         out
     }
 
-    /// Ports and GPU reservations are exactly those of the live replicas.
+    /// Ports and GPU reservations are exactly those of the live replicas; the replica table's
+    /// indexes (by id, by model) agree with the replicas.
     fn check_books(&self) {
         let n = &self.node;
+        if let Err(why) = n.replicas.check() {
+            panic!("the replica table's indexes: {why}");
+        }
         let mut ports = BTreeSet::new();
         for r in n.replicas.values() {
             match (r.state, r.port) {
