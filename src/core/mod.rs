@@ -29,6 +29,7 @@ mod lifecycle;
 mod model;
 mod node;
 mod overrides;
+mod pending;
 mod placement;
 pub mod policy;
 #[cfg(test)]

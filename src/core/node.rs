@@ -240,15 +240,41 @@ impl Node {
     fn publish_routed(&mut self, out: &mut Vec<Action>) {
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
+            // Compared in place: building the set (two strings per routed replica) after
+            // every event, to find it unchanged almost always, cost more than the event.
+            if self
+                .published
+                .get(&name)
+                .is_some_and(|p| self.routed_unchanged(&name, p))
+            {
+                continue;
+            }
             let now = self.routed_endpoints(&name);
-            if self.published.get(&name) != Some(&now) {
-                self.published.insert(name.clone(), now.clone());
-                out.push(Action::Publish(WatchEvent::Routed {
-                    model: name,
-                    endpoints: now,
-                }));
+            self.published.insert(name.clone(), now.clone());
+            out.push(Action::Publish(WatchEvent::Routed {
+                model: name,
+                endpoints: now,
+            }));
+        }
+    }
+
+    /// `routed_endpoints(model)` would equal `published`.
+    fn routed_unchanged(&self, model: &str, published: &[Endpoint]) -> bool {
+        let slots = Some(self.models.get(model).map_or(1, |m| m.config.slots));
+        let mut was = published.iter();
+        for r in self
+            .replicas
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed && r.port.is_some())
+        {
+            let Some(e) = was.next() else {
+                return false;
+            };
+            if e.replica != r.id.0 || e.slots != slots || !r.has_addr(&e.addr) {
+                return false;
             }
         }
+        was.next().is_none()
     }
 
     pub(super) fn count(&self, model: &str, state: ReplicaState) -> u32 {

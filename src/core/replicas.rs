@@ -12,7 +12,7 @@
 //! order, the order of the map this replaced: the order in which actions go out, and in which
 //! the simulator's decisions are made, did not change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::replica::{Replica, ReplicaId};
 
@@ -22,23 +22,26 @@ pub(super) struct Replicas {
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
     by_id: BTreeMap<ReplicaId, usize>,
+    /// The same as `by_id`, for lookups: hashing an id costs less than the dozen string
+    /// comparisons of a walk down the tree, and lookups are most of what an event does.
+    slot_of: HashMap<ReplicaId, usize>,
     /// Per model, its replicas' slots by id. A model with no replicas has no entry.
     by_model: BTreeMap<String, BTreeMap<ReplicaId, usize>>,
 }
 
 impl Replicas {
     pub fn get(&self, id: &ReplicaId) -> Option<&Replica> {
-        let slot = *self.by_id.get(id)?;
+        let slot = *self.slot_of.get(id)?;
         self.slots.get(slot)?.as_ref()
     }
 
     pub fn get_mut(&mut self, id: &ReplicaId) -> Option<&mut Replica> {
-        let slot = *self.by_id.get(id)?;
+        let slot = *self.slot_of.get(id)?;
         self.slots.get_mut(slot)?.as_mut()
     }
 
     pub fn contains_key(&self, id: &ReplicaId) -> bool {
-        self.by_id.contains_key(id)
+        self.slot_of.contains_key(id)
     }
 
     #[cfg(test)]
@@ -71,11 +74,13 @@ impl Replicas {
             .entry(model)
             .or_default()
             .insert(id.clone(), slot);
+        self.slot_of.insert(id.clone(), slot);
         self.by_id.insert(id, slot);
     }
 
     pub fn remove(&mut self, id: &ReplicaId) -> Option<Replica> {
         let slot = self.by_id.remove(id)?;
+        self.slot_of.remove(id);
         let r = self.slots.get_mut(slot)?.take()?;
         self.free.push(slot);
         if let Some(of_model) = self.by_model.get_mut(&r.model) {
@@ -151,6 +156,14 @@ impl Replicas {
                 "{indexed} replicas in the models' indexes, {} by id",
                 self.by_id.len()
             ));
+        }
+        if self.slot_of.len() != self.by_id.len()
+            || self
+                .by_id
+                .iter()
+                .any(|(id, s)| self.slot_of.get(id) != Some(s))
+        {
+            return Err("the lookup table and the ordered index differ".into());
         }
         for (id, &slot) in &self.by_id {
             let Some(Some(r)) = self.slots.get(slot) else {
