@@ -22,6 +22,15 @@ pub(super) struct ShutdownState {
     pub deadline: Time,
 }
 
+/// A routed set as published: what its endpoints say, without making their strings (it is
+/// compared with the routed replicas after every event, and almost always found the same).
+#[derive(Debug, Clone, Default)]
+struct RoutedSet {
+    slots: u32,
+    /// Each routed replica with a port, in id order, and its port.
+    replicas: Vec<(ReplicaId, u16)>,
+}
+
 pub struct Node {
     pub(super) config: Config,
     pub(super) models: BTreeMap<String, ModelState>,
@@ -32,7 +41,7 @@ pub struct Node {
     pub(super) shutdown_reported: bool,
     pub(super) reloads: Reloads,
     /// The routed set last published per model, to publish only changes.
-    published: BTreeMap<String, Vec<Endpoint>>,
+    published: BTreeMap<String, RoutedSet>,
     pub(super) version: String,
     /// Events handled so far: tells what happened in this event from what happened before.
     pub(super) events: u64,
@@ -240,8 +249,6 @@ impl Node {
     fn publish_routed(&mut self, out: &mut Vec<Action>) {
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
-            // Compared in place: building the set (two strings per routed replica) after
-            // every event, to find it unchanged almost always, cost more than the event.
             if self
                 .published
                 .get(&name)
@@ -249,29 +256,43 @@ impl Node {
             {
                 continue;
             }
-            let now = self.routed_endpoints(&name);
-            self.published.insert(name.clone(), now.clone());
+            let endpoints = self.routed_endpoints(&name);
+            let set = RoutedSet {
+                slots: self.models.get(&name).map_or(1, |m| m.config.slots),
+                replicas: self
+                    .replicas
+                    .of_model(&name)
+                    .filter(|r| r.state == ReplicaState::Routed)
+                    .filter_map(|r| Some((r.id.clone(), r.port?)))
+                    .collect(),
+            };
+            self.published.insert(name.clone(), set);
             out.push(Action::Publish(WatchEvent::Routed {
                 model: name,
-                endpoints: now,
+                endpoints,
             }));
         }
     }
 
-    /// `routed_endpoints(model)` would equal `published`.
-    fn routed_unchanged(&self, model: &str, published: &[Endpoint]) -> bool {
-        let slots = Some(self.models.get(model).map_or(1, |m| m.config.slots));
-        let mut was = published.iter();
+    /// `routed_endpoints(model)` is what `published` says.
+    fn routed_unchanged(&self, model: &str, published: &RoutedSet) -> bool {
+        // Each endpoint says the slots: an empty set says nothing of them.
+        let slots = self.models.get(model).map_or(1, |m| m.config.slots);
+        if published.slots != slots && !published.replicas.is_empty() {
+            return false;
+        }
+        let mut was = published.replicas.iter();
         for r in self
             .replicas
             .of_model(model)
-            .filter(|r| r.state == ReplicaState::Routed && r.port.is_some())
+            .filter(|r| r.state == ReplicaState::Routed)
         {
-            let Some(e) = was.next() else {
-                return false;
+            let Some(port) = r.port else {
+                continue;
             };
-            if e.replica != r.id.0 || e.slots != slots || !r.has_addr(&e.addr) {
-                return false;
+            match was.next() {
+                Some((id, p)) if *id == r.id && *p == port => {}
+                _ => return false,
             }
         }
         was.next().is_none()

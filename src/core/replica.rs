@@ -9,9 +9,6 @@ use super::Time;
 use crate::config::LaunchSpec;
 pub use crate::protocol::ReplicaState;
 
-/// Where replicas listen: on loopback, at their port.
-const LOOPBACK: &str = "127.0.0.1:";
-
 /// `MODEL-N`, N increasing for the daemon's life.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ReplicaId(pub String);
@@ -149,55 +146,11 @@ impl Replica {
     }
 
     pub fn addr(&self) -> Option<String> {
-        self.port.map(|p| format!("{LOOPBACK}{p}"))
-    }
-
-    /// `addr` is `self.addr()`, told without making the string (the routed set is compared
-    /// with the one last published after every event).
-    pub fn has_addr(&self, addr: &str) -> bool {
-        self.port.is_some_and(|p| is_addr_of(addr, p))
+        self.port.map(|p| format!("127.0.0.1:{p}"))
     }
 
     /// Warm and not under suspicion: safe to hand traffic to.
     pub fn promotable(&self) -> bool {
         self.state == ReplicaState::Warm && self.probe_failures == 0
-    }
-}
-
-/// `addr` is what `Replica::addr` writes for `port`.
-fn is_addr_of(addr: &str, port: u16) -> bool {
-    let Some(digits) = addr.strip_prefix(LOOPBACK) else {
-        return false;
-    };
-    // As `format!` writes a port: digits only, no leading zero.
-    digits.bytes().all(|b| b.is_ascii_digit())
-        && (digits == "0" || !digits.starts_with('0'))
-        && digits.parse::<u16>() == Ok(port)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_address_is_told_as_format_writes_it() {
-        for port in [0, 1, 9, 10, 80, 8080, 30000, 65535] {
-            assert!(is_addr_of(&format!("{LOOPBACK}{port}"), port), "{port}");
-            assert!(
-                !is_addr_of(&format!("{LOOPBACK}{port}"), port ^ 1),
-                "{port}"
-            );
-            for other in [
-                format!("{LOOPBACK}0{port}"),
-                format!("{LOOPBACK}+{port}"),
-                format!("{LOOPBACK}{port} "),
-                format!("127.0.0.2:{port}"),
-                format!("{port}"),
-            ] {
-                assert!(!is_addr_of(&other, port), "{other}");
-            }
-        }
-        assert!(!is_addr_of(&format!("{LOOPBACK}65536"), 0));
-        assert!(!is_addr_of(LOOPBACK, 0));
     }
 }
