@@ -13,7 +13,8 @@ use super::event::Action;
 use super::node::Node;
 use super::placement::Want;
 use super::reconcile::STARTS_PER_EVENT;
-use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::replica::{Replica, ReplicaState};
+use super::replicas::Handle;
 use super::Time;
 
 /// What one pass learnt of a model.
@@ -36,20 +37,27 @@ impl Node {
         let names: Vec<String> = self.models.keys().cloned().collect();
         let mut pass: Vec<ModelPass> = names.iter().map(|_| ModelPass::default()).collect();
         // Higher priority first, then oldest: a model that reclaimed GPUs gets them. (A replica
-        // of a model no longer configured is never placed.)
-        let mut pending: Vec<(i32, Time, u64, ReplicaId, usize)> = self
+        // of a model no longer configured is never placed.) Held by handle: most stay pending,
+        // and their ids are not copied for it.
+        let mut pending: Vec<(i32, Time, u64, Handle, usize)> = self
             .replicas
-            .values()
-            .filter(|r| r.state == ReplicaState::Pending)
-            .filter_map(|r| {
+            .unordered()
+            .filter(|(_, r)| r.state == ReplicaState::Pending)
+            .filter_map(|(h, r)| {
                 let ix = names
                     .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
                     .ok()?;
                 let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
-                Some((-prio, r.created, r.n, r.id.clone(), ix))
+                Some((-prio, r.created, r.n, h, ix))
             })
             .collect();
-        pending.sort_unstable();
+        // Ties (replicas of two models made at once with the same number) go by id.
+        let id_of = |h: Handle| self.replicas.at(h).map(|r| &r.id);
+        pending.sort_unstable_by(|a, b| {
+            (a.0, a.1, a.2)
+                .cmp(&(b.0, b.1, b.2))
+                .then_with(|| id_of(a.3).cmp(&id_of(b.3)))
+        });
         // Once the pool has no port, it has none for the rest of this pass (nothing is given
         // back here): the others are not scanned for one, so a pass costs O(pending), not
         // O(pending × ports).
@@ -57,14 +65,14 @@ impl Node {
         // Starts placed in this pass: at most a batch (see `STARTS_PER_EVENT`); the rest stay
         // pending, oldest first, for the next event.
         let mut placed_now = 0;
-        for (_, _, _, id, ix) in pending {
+        for (_, _, _, h, ix) in pending {
             if placed_now >= STARTS_PER_EVENT {
                 break;
             }
             let (Some(model), Some(this)) = (names.get(ix), pass.get_mut(ix)) else {
                 continue;
             };
-            if !self.replicas.contains_key(&id) {
+            if self.replicas.at(h).is_none() {
                 continue;
             }
             this.reached = true;
@@ -77,7 +85,7 @@ impl Node {
                     "restart back-off: starts in {}",
                     crate::units::short_duration(wait)
                 );
-                if let Some(r) = self.replicas.get_mut(&id) {
+                if let Some(r) = self.replicas.at_mut(h) {
                     set_reason(r, &why);
                 }
                 continue;
@@ -100,7 +108,7 @@ impl Node {
                         p.devices.iter().find_map(|u| held.get(u)).cloned()
                     };
                     if let Some(wait) = wait {
-                        if let Some(r) = self.replicas.get_mut(&id) {
+                        if let Some(r) = self.replicas.at_mut(h) {
                             set_reason(r, &wait);
                         }
                         continue;
@@ -108,6 +116,9 @@ impl Node {
                     p
                 }
                 Err(why) => {
+                    let Some(id) = self.replicas.at(h).map(|r| r.id.clone()) else {
+                        continue;
+                    };
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => {
                             pass.iter_mut().for_each(|p| p.held = None);
@@ -125,7 +136,7 @@ impl Node {
                 }
             };
             self.note_unread(&placed.devices, out);
-            let Some(r) = self.replicas.get_mut(&id) else {
+            let Some(r) = self.replicas.at_mut(h) else {
                 continue;
             };
             let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
@@ -137,6 +148,7 @@ impl Node {
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
+            let id = r.id.clone();
             self.gpus
                 .reserve(&id, &placed.devices, placed.bytes, exclusive);
             if !placed.devices.is_empty() {

@@ -16,9 +16,25 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::replica::{Replica, ReplicaId};
 
+/// A replica's place in the table, for a pass that looks many up again without copying
+/// their ids: it names that replica only (a slot reused by another replica has a new
+/// generation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Handle {
+    slot: usize,
+    generation: u64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// Counts the replicas removed from this slot.
+    generation: u64,
+    replica: Option<Replica>,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Replicas {
-    slots: Vec<Option<Replica>>,
+    slots: Vec<Slot>,
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
     by_id: BTreeMap<ReplicaId, usize>,
@@ -32,12 +48,41 @@ pub(super) struct Replicas {
 impl Replicas {
     pub fn get(&self, id: &ReplicaId) -> Option<&Replica> {
         let slot = *self.slot_of.get(id)?;
-        self.slots.get(slot)?.as_ref()
+        self.slots.get(slot)?.replica.as_ref()
     }
 
     pub fn get_mut(&mut self, id: &ReplicaId) -> Option<&mut Replica> {
         let slot = *self.slot_of.get(id)?;
-        self.slots.get_mut(slot)?.as_mut()
+        self.slots.get_mut(slot)?.replica.as_mut()
+    }
+
+    /// The replica `h` names, if it is still here.
+    pub fn at(&self, h: Handle) -> Option<&Replica> {
+        let s = self.slots.get(h.slot)?;
+        if s.generation != h.generation {
+            return None;
+        }
+        s.replica.as_ref()
+    }
+
+    /// The replica `h` names, if it is still here.
+    pub fn at_mut(&mut self, h: Handle) -> Option<&mut Replica> {
+        let s = self.slots.get_mut(h.slot)?;
+        if s.generation != h.generation {
+            return None;
+        }
+        s.replica.as_mut()
+    }
+
+    /// Every replica with its handle, in no particular order.
+    pub fn unordered(&self) -> impl Iterator<Item = (Handle, &Replica)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(slot, s)| {
+            let h = Handle {
+                slot,
+                generation: s.generation,
+            };
+            Some((h, s.replica.as_ref()?))
+        })
     }
 
     pub fn contains_key(&self, id: &ReplicaId) -> bool {
@@ -61,12 +106,15 @@ impl Replicas {
         let slot = match self.free.pop() {
             Some(slot) => {
                 if let Some(s) = self.slots.get_mut(slot) {
-                    *s = Some(r);
+                    s.replica = Some(r);
                 }
                 slot
             }
             None => {
-                self.slots.push(Some(r));
+                self.slots.push(Slot {
+                    generation: 0,
+                    replica: Some(r),
+                });
                 self.slots.len() - 1
             }
         };
@@ -81,7 +129,9 @@ impl Replicas {
     pub fn remove(&mut self, id: &ReplicaId) -> Option<Replica> {
         let slot = self.by_id.remove(id)?;
         self.slot_of.remove(id);
-        let r = self.slots.get_mut(slot)?.take()?;
+        let s = self.slots.get_mut(slot)?;
+        let r = s.replica.take()?;
+        s.generation += 1;
         self.free.push(slot);
         if let Some(of_model) = self.by_model.get_mut(&r.model) {
             of_model.remove(id);
@@ -101,7 +151,7 @@ impl Replicas {
         let slots = &self.slots;
         self.by_id
             .values()
-            .filter_map(move |&s| slots.get(s).and_then(Option::as_ref))
+            .filter_map(move |&s| slots.get(s).and_then(|s| s.replica.as_ref()))
     }
 
     /// Every replica, in id order.
@@ -116,7 +166,7 @@ impl Replicas {
             .get(model)
             .into_iter()
             .flat_map(|m| m.values())
-            .filter_map(move |&s| slots.get(s).and_then(Option::as_ref))
+            .filter_map(move |&s| slots.get(s).and_then(|s| s.replica.as_ref()))
     }
 
     /// The model's replicas, in id order.
@@ -166,7 +216,7 @@ impl Replicas {
             return Err("the lookup table and the ordered index differ".into());
         }
         for (id, &slot) in &self.by_id {
-            let Some(Some(r)) = self.slots.get(slot) else {
+            let Some(Some(r)) = self.slots.get(slot).map(|s| s.replica.as_ref()) else {
                 return Err(format!("{id}: slot {slot} is empty"));
             };
             if r.id != *id {
@@ -183,7 +233,7 @@ impl Replicas {
                 return Err(format!("{id}: slot {slot} is also free"));
             }
         }
-        let used = self.slots.iter().filter(|s| s.is_some()).count();
+        let used = self.slots.iter().filter(|s| s.replica.is_some()).count();
         if used != self.by_id.len() || used + self.free.len() != self.slots.len() {
             return Err(format!(
                 "{used} slots used, {} free, {} in all, {} replicas",
@@ -198,10 +248,11 @@ impl Replicas {
 
 /// The replicas in `slots`, mutably, in `order` (slot numbers, each at most once).
 fn in_order_mut<'a>(
-    slots: &'a mut [Option<Replica>],
+    slots: &'a mut [Slot],
     order: impl Iterator<Item = usize> + 'a,
 ) -> impl Iterator<Item = &'a mut Replica> + 'a {
-    let mut refs: Vec<Option<&'a mut Replica>> = slots.iter_mut().map(Option::as_mut).collect();
+    let mut refs: Vec<Option<&'a mut Replica>> =
+        slots.iter_mut().map(|s| s.replica.as_mut()).collect();
     order.filter_map(move |s| refs.get_mut(s).and_then(Option::take))
 }
 
