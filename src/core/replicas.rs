@@ -37,9 +37,10 @@ pub(super) struct Replicas {
     slots: Vec<Slot>,
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
-    by_id: BTreeMap<ReplicaId, usize>,
-    /// The same as `by_id`, for lookups: hashing an id costs less than the dozen string
-    /// comparisons of a walk down the tree, and lookups are most of what an event does.
+    /// Each replica's slot, by id: hashing an id costs less than the dozen string comparisons
+    /// of a walk down a tree, and lookups are most of what an event does. The walks in id
+    /// order merge the models' indexes (a few models; an ordered map of every id besides
+    /// would make each replica's start and stop cost a third tree operation).
     slot_of: HashMap<ReplicaId, usize>,
     /// Per model, its replicas' slots by id. A model with no replicas has no entry.
     by_model: BTreeMap<String, BTreeMap<ReplicaId, usize>>,
@@ -91,11 +92,11 @@ impl Replicas {
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.by_id.len()
+        self.slot_of.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.slot_of.is_empty()
     }
 
     /// Adds `r` under its id and its model, in place of any replica with that id.
@@ -122,13 +123,11 @@ impl Replicas {
             .entry(model)
             .or_default()
             .insert(id.clone(), slot);
-        self.slot_of.insert(id.clone(), slot);
-        self.by_id.insert(id, slot);
+        self.slot_of.insert(id, slot);
     }
 
     pub fn remove(&mut self, id: &ReplicaId) -> Option<Replica> {
-        let slot = self.by_id.remove(id)?;
-        self.slot_of.remove(id);
+        let slot = self.slot_of.remove(id)?;
         let s = self.slots.get_mut(slot)?;
         let r = s.replica.take()?;
         s.generation += 1;
@@ -142,21 +141,45 @@ impl Replicas {
         Some(r)
     }
 
+    /// Every replica's id and slot, in id order.
+    fn in_id_order(&self) -> impl Iterator<Item = (&ReplicaId, usize)> + '_ {
+        let mut models: Vec<_> = self
+            .by_model
+            .values()
+            .map(|m| m.iter().peekable())
+            .collect();
+        std::iter::from_fn(move || {
+            // The model whose next id is least.
+            let mut least: Option<(usize, &ReplicaId)> = None;
+            for (i, m) in models.iter_mut().enumerate() {
+                let Some(&(id, _)) = m.peek() else {
+                    continue;
+                };
+                match least {
+                    Some((_, l)) if l <= id => {}
+                    _ => least = Some((i, id)),
+                }
+            }
+            let (i, _) = least?;
+            models.get_mut(i)?.next().map(|(id, &slot)| (id, slot))
+        })
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &ReplicaId> + '_ {
-        self.by_id.keys()
+        self.in_id_order().map(|(id, _)| id)
     }
 
     /// Every replica, in id order.
     pub fn values(&self) -> impl Iterator<Item = &Replica> + '_ {
         let slots = &self.slots;
-        self.by_id
-            .values()
-            .filter_map(move |&s| slots.get(s).and_then(|s| s.replica.as_ref()))
+        self.in_id_order()
+            .filter_map(move |(_, s)| slots.get(s).and_then(|s| s.replica.as_ref()))
     }
 
     /// Every replica, in id order.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Replica> + '_ {
-        in_order_mut(&mut self.slots, self.by_id.values().copied())
+        let order: Vec<usize> = self.in_id_order().map(|(_, s)| s).collect();
+        in_order_mut(&mut self.slots, order.into_iter())
     }
 
     /// The model's replicas, in id order.
@@ -195,27 +218,19 @@ impl Replicas {
                 return Err(format!("model {model}: an empty index is kept"));
             }
             for (id, slot) in ids {
-                if self.by_id.get(id) != Some(slot) {
+                if self.slot_of.get(id) != Some(slot) {
                     return Err(format!("{id}: model {model}'s index has slot {slot}"));
                 }
                 indexed += 1;
             }
         }
-        if indexed != self.by_id.len() {
+        if indexed != self.slot_of.len() {
             return Err(format!(
                 "{indexed} replicas in the models' indexes, {} by id",
-                self.by_id.len()
+                self.slot_of.len()
             ));
         }
-        if self.slot_of.len() != self.by_id.len()
-            || self
-                .by_id
-                .iter()
-                .any(|(id, s)| self.slot_of.get(id) != Some(s))
-        {
-            return Err("the lookup table and the ordered index differ".into());
-        }
-        for (id, &slot) in &self.by_id {
+        for (id, &slot) in &self.slot_of {
             let Some(Some(r)) = self.slots.get(slot).map(|s| s.replica.as_ref()) else {
                 return Err(format!("{id}: slot {slot} is empty"));
             };
@@ -234,13 +249,17 @@ impl Replicas {
             }
         }
         let used = self.slots.iter().filter(|s| s.replica.is_some()).count();
-        if used != self.by_id.len() || used + self.free.len() != self.slots.len() {
+        if used != self.slot_of.len() || used + self.free.len() != self.slots.len() {
             return Err(format!(
                 "{used} slots used, {} free, {} in all, {} replicas",
                 self.free.len(),
                 self.slots.len(),
-                self.by_id.len()
+                self.slot_of.len()
             ));
+        }
+        let ids: Vec<&ReplicaId> = self.keys().collect();
+        if ids.len() != self.slot_of.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("the walk in id order gave {ids:?}"));
         }
         Ok(())
     }
@@ -262,5 +281,75 @@ impl std::ops::Index<&ReplicaId> for Replicas {
     type Output = Replica;
     fn index(&self, id: &ReplicaId) -> &Replica {
         self.get(id).unwrap_or_else(|| panic!("no replica {id}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::core::tests::{model, Harness, BASE};
+    use crate::core::Time;
+
+    /// Model names whose ids interleave (`a-1` < `a-b-1` < `a-2`…): a prefix of the id map
+    /// would not find a model's replicas, and the walks in id order must merge the models.
+    #[test]
+    fn walks_go_in_id_order_and_a_models_walk_holds_its_replicas_only() {
+        let h = Harness::new(&format!("{BASE}{}", model("a", "", "")));
+        let spec = Arc::clone(h.node.models.get("a").unwrap().launch_spec());
+        let names = ["a", "a-b", "a0", "b", "a+", "a-1"];
+        let mut t = Replicas::default();
+        let mut ids = Vec::new();
+        for (i, m) in names.iter().enumerate() {
+            for n in [1, 2, 10, 100, 11] {
+                let r = Replica::new(m, n + i as u64, Arc::clone(&spec), Time::ZERO, 0);
+                ids.push(r.id.clone());
+                t.insert(r);
+            }
+        }
+        // Slots freed and used again.
+        for id in ids.iter().step_by(3) {
+            assert!(t.remove(id).is_some());
+        }
+        let mut kept: Vec<ReplicaId> = ids.iter().skip(1).step_by(3).cloned().collect();
+        for id in &kept {
+            let r = t.get(id).unwrap().clone();
+            t.insert(r);
+        }
+        kept.extend(ids.iter().skip(2).step_by(3).cloned());
+        kept.sort();
+        t.check().unwrap();
+        assert_eq!(t.keys().cloned().collect::<Vec<_>>(), kept);
+        assert_eq!(t.values().map(|r| r.id.clone()).collect::<Vec<_>>(), kept);
+        assert_eq!(
+            t.values_mut().map(|r| r.id.clone()).collect::<Vec<_>>(),
+            kept
+        );
+        for m in names {
+            let want: Vec<&ReplicaId> = kept
+                .iter()
+                .filter(|id| t.get(id).unwrap().model == m)
+                .collect();
+            assert_eq!(t.of_model(m).map(|r| &r.id).collect::<Vec<_>>(), want);
+            assert_eq!(t.has_model(m), !want.is_empty());
+            let want: Vec<ReplicaId> = want.into_iter().cloned().collect();
+            assert_eq!(
+                t.of_model_mut(m).map(|r| r.id.clone()).collect::<Vec<_>>(),
+                want
+            );
+        }
+        // A handle names its replica only: not the one that takes its slot next.
+        let (h, r) = t.unordered().next().unwrap();
+        let id = r.id.clone();
+        let back = t.remove(&id).unwrap();
+        assert!(t.at(h).is_none());
+        let mut other = back.clone();
+        other.id = ReplicaId("z-1".into());
+        other.model = "z".into();
+        t.insert(other);
+        assert!(t.at(h).is_none());
+        assert!(t.unordered().any(|(_, r)| r.id.0 == "z-1"));
+        t.check().unwrap();
     }
 }
