@@ -240,7 +240,7 @@ impl Node {
             r.state = ReplicaState::Stopping;
             r.deadline = Some(now + grace);
             r.reason = format!("not adopted: {why}");
-            self.replicas.insert(id.clone(), r);
+            self.replicas.insert(r);
             out.push(Action::Signal {
                 replica: id.clone(),
                 pid: rec.pid,
@@ -280,7 +280,7 @@ impl Node {
                 r.state = rec.state;
                 r.ever_warm = rec.ever_warm;
                 r.next_probe = now + recheck;
-                self.replicas.insert(id.clone(), r);
+                self.replicas.insert(r);
                 self.resume(&id, rec.state, now, out);
             }
             Adoption::Found => {
@@ -288,7 +288,7 @@ impl Node {
                 r.ever_warm = rec.ever_warm;
                 r.was_routed = rec.state == ReplicaState::Routed;
                 r.reason = format!("adopted (was {}): re-verifying with its warm-up", rec.state);
-                self.replicas.insert(id.clone(), r);
+                self.replicas.insert(r);
                 self.send_warmup(&id, out);
             }
         }

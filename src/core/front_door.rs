@@ -76,7 +76,7 @@ impl Node {
     }
 
     fn clear_replica_signals(&mut self, model: &str) {
-        for r in self.replicas.values_mut().filter(|r| r.model == model) {
+        for r in self.replicas.of_model_mut(model) {
             r.signal = Default::default();
         }
         if let Some(m) = self.models.get_mut(model) {

@@ -29,6 +29,7 @@ mod lifecycle;
 mod model;
 mod node;
 mod overrides;
+mod pending;
 mod placement;
 pub mod policy;
 #[cfg(test)]
@@ -47,6 +48,7 @@ mod reload;
 #[cfg(test)]
 mod reload_tests;
 mod replica;
+mod replicas;
 mod requests;
 mod scrape;
 mod signal;

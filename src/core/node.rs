@@ -10,7 +10,8 @@ use super::model::{ModelState, Overrides};
 use super::policy::{Decision, Inputs};
 use super::ports::PortPool;
 use super::reload::Reloads;
-use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::replica::{ReplicaId, ReplicaState};
+use super::replicas::Replicas;
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::Config;
@@ -21,17 +22,26 @@ pub(super) struct ShutdownState {
     pub deadline: Time,
 }
 
+/// A routed set as published: what its endpoints say, without making their strings (it is
+/// compared with the routed replicas after every event, and almost always found the same).
+#[derive(Debug, Clone, Default)]
+struct RoutedSet {
+    slots: u32,
+    /// Each routed replica with a port, in id order, and its port.
+    replicas: Vec<(ReplicaId, u16)>,
+}
+
 pub struct Node {
     pub(super) config: Config,
     pub(super) models: BTreeMap<String, ModelState>,
-    pub(super) replicas: BTreeMap<ReplicaId, Replica>,
+    pub(super) replicas: Replicas,
     pub(super) gpus: GpuTable,
     pub(super) ports: PortPool,
     pub(super) shutdown: Option<ShutdownState>,
     pub(super) shutdown_reported: bool,
     pub(super) reloads: Reloads,
     /// The routed set last published per model, to publish only changes.
-    published: BTreeMap<String, Vec<Endpoint>>,
+    published: BTreeMap<String, RoutedSet>,
     pub(super) version: String,
     /// Events handled so far: tells what happened in this event from what happened before.
     pub(super) events: u64,
@@ -68,7 +78,7 @@ impl Node {
             ports: PortPool::new(config.daemon.ports),
             config,
             models,
-            replicas: BTreeMap::new(),
+            replicas: Replicas::default(),
             gpus: GpuTable::new(devices),
             shutdown: None,
             shutdown_reported: false,
@@ -146,8 +156,8 @@ impl Node {
         let routed = self.count(model, ReplicaState::Routed);
         let warm = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && r.promotable())
+            .of_model(model)
+            .filter(|r| r.promotable())
             .count() as u32;
         let signal = self.model_signal(model, now);
         let Some(m) = self.models.get_mut(model) else {
@@ -212,8 +222,8 @@ impl Node {
         let m = self.models.get(model)?;
         let routed = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed)
             .map(|r| &r.signal);
         ModelSignal::combine(&m.model_wide, routed, now, m.config.scaling.stale_after)
     }
@@ -224,8 +234,8 @@ impl Node {
         // Live: the configuration now, whatever spec the replica was launched from.
         let slots = self.models.get(model).map_or(1, |m| m.config.slots);
         self.replicas
-            .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed)
             .filter_map(|r| {
                 Some(Endpoint {
                     replica: r.id.0.clone(),
@@ -239,21 +249,59 @@ impl Node {
     fn publish_routed(&mut self, out: &mut Vec<Action>) {
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
-            let now = self.routed_endpoints(&name);
-            if self.published.get(&name) != Some(&now) {
-                self.published.insert(name.clone(), now.clone());
-                out.push(Action::Publish(WatchEvent::Routed {
-                    model: name,
-                    endpoints: now,
-                }));
+            if self
+                .published
+                .get(&name)
+                .is_some_and(|p| self.routed_unchanged(&name, p))
+            {
+                continue;
+            }
+            let endpoints = self.routed_endpoints(&name);
+            let set = RoutedSet {
+                slots: self.models.get(&name).map_or(1, |m| m.config.slots),
+                replicas: self
+                    .replicas
+                    .of_model(&name)
+                    .filter(|r| r.state == ReplicaState::Routed)
+                    .filter_map(|r| Some((r.id.clone(), r.port?)))
+                    .collect(),
+            };
+            self.published.insert(name.clone(), set);
+            out.push(Action::Publish(WatchEvent::Routed {
+                model: name,
+                endpoints,
+            }));
+        }
+    }
+
+    /// `routed_endpoints(model)` is what `published` says.
+    fn routed_unchanged(&self, model: &str, published: &RoutedSet) -> bool {
+        // Each endpoint says the slots: an empty set says nothing of them.
+        let slots = self.models.get(model).map_or(1, |m| m.config.slots);
+        if published.slots != slots && !published.replicas.is_empty() {
+            return false;
+        }
+        let mut was = published.replicas.iter();
+        for r in self
+            .replicas
+            .of_model(model)
+            .filter(|r| r.state == ReplicaState::Routed)
+        {
+            let Some(port) = r.port else {
+                continue;
+            };
+            match was.next() {
+                Some((id, p)) if *id == r.id && *p == port => {}
+                _ => return false,
             }
         }
+        was.next().is_none()
     }
 
     pub(super) fn count(&self, model: &str, state: ReplicaState) -> u32 {
         self.replicas
-            .values()
-            .filter(|r| r.model == model && r.state == state)
+            .of_model(model)
+            .filter(|r| r.state == state)
             .count() as u32
     }
 

@@ -47,6 +47,12 @@ impl PortPool {
         &self.in_use
     }
     pub fn take(&mut self) -> Option<u16> {
+        // Every port handed out: the walk below would find none, and come back to `next`.
+        // (Told at once: with a thousand replicas waiting for ports, this is asked after
+        // every event.)
+        if self.free() == 0 {
+            return None;
+        }
         for _ in 0..self.capacity() {
             let p = self.next;
             self.next = if p >= self.range.last {

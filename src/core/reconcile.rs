@@ -3,11 +3,8 @@
 
 use std::sync::Arc;
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
-use super::placement::Want;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
 use crate::config::{DeviceNaming, WarmPool};
@@ -50,7 +47,7 @@ impl Node {
 
     pub(super) fn counts(&self, model: &str) -> Counts {
         let mut c = Counts::default();
-        for r in self.replicas.values().filter(|r| r.model == model) {
+        for r in self.replicas.of_model(model) {
             match r.state {
                 ReplicaState::Routed if self.departing(r) => c.leaving += 1,
                 ReplicaState::Routed => c.routed += 1,
@@ -108,8 +105,7 @@ impl Node {
         // that serve nothing go at once; routed ones wait for their replacement (below).
         let idle_departing: Vec<ReplicaId> = self
             .replicas
-            .values()
-            .filter(|r| r.model == name)
+            .of_model(name)
             .filter(|r| {
                 matches!(
                     r.state,
@@ -130,15 +126,18 @@ impl Node {
         let mut c = self.counts(name);
         let verifying = self
             .replicas
-            .values()
-            .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
+            .of_model(name)
+            .filter(|r| r.state == ReplicaState::Starting && r.was_routed)
             .count() as u32;
         // Those that were routed before the daemon died first, then the oldest. Ranked once:
         // promoting one changes no other's rank (a walk over every replica per promotion made
         // a scale to a thousand cost O(n²)).
-        let mut promotable = self
-            .ranked(name, |r| r.promotable(), |r| (!r.was_routed, r.n))
-            .into_iter();
+        let mut promotable = if c.routed + verifying < desired {
+            self.ranked(name, |r| r.promotable(), |r| (!r.was_routed, r.n))
+        } else {
+            Vec::new()
+        }
+        .into_iter();
         while c.routed + verifying < desired {
             let Some(id) = promotable.next() else {
                 break;
@@ -204,8 +203,9 @@ impl Node {
 
         // Too many routed: back to the pool if it is short, else drain.
         // The least busy first, the newest among equals; ranked once, as above.
-        let mut least_busy = self
-            .ranked(
+        // (Ranked only when it will be used: a walk and a copy of every routed replica's id.)
+        let mut least_busy = if c.routed > desired {
+            self.ranked(
                 name,
                 |r| r.state == ReplicaState::Routed,
                 |r| {
@@ -213,7 +213,10 @@ impl Node {
                     (busy, std::cmp::Reverse(r.n))
                 },
             )
-            .into_iter();
+        } else {
+            Vec::new()
+        }
+        .into_iter();
         let mut scaled_down = 0;
         while c.routed > desired && scaled_down < DRAINS_PER_EVENT {
             scaled_down += 1;
@@ -291,7 +294,7 @@ impl Node {
 
     /// The oldest (or newest) replica of the model that matches.
     fn pick(&self, model: &str, f: impl Fn(&Replica) -> bool, newest: bool) -> Option<ReplicaId> {
-        let it = self.replicas.values().filter(|r| r.model == model && f(r));
+        let it = self.replicas.of_model(model).filter(|r| f(r));
         let r = if newest {
             it.max_by_key(|r| r.n)
         } else {
@@ -310,8 +313,8 @@ impl Node {
     ) -> Vec<ReplicaId> {
         let mut v: Vec<(K, ReplicaId)> = self
             .replicas
-            .values()
-            .filter(|r| r.model == model && f(r))
+            .of_model(model)
+            .filter(|r| f(r))
             .map(|r| (key(r), r.id.clone()))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -333,7 +336,7 @@ impl Node {
         let globs = spec.prefetch.clone();
         let r = Replica::new(model, n, spec, now, restarts);
         let id = r.id.clone();
-        self.replicas.insert(id.clone(), r);
+        self.replicas.insert(r);
         if !globs.is_empty() {
             out.push(Action::Prefetch {
                 replica: id.clone(),
@@ -348,133 +351,7 @@ impl Node {
         }));
     }
 
-    /// Gives pending replicas a port and GPUs, oldest first, once their back-off has passed.
-    fn place_pending(&mut self, now: Time, out: &mut Vec<Action>) {
-        // Higher priority first, then oldest: a model that reclaimed GPUs gets them.
-        let mut pending: Vec<(i32, Time, u64, ReplicaId)> = self
-            .replicas
-            .values()
-            .filter(|r| r.state == ReplicaState::Pending)
-            .map(|r| {
-                let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
-                (-prio, r.created, r.n, r.id.clone())
-            })
-            .collect();
-        pending.sort();
-        let mut blocked: std::collections::BTreeMap<String, Option<String>> = Default::default();
-        for m in self.models.keys() {
-            blocked.insert(m.clone(), None);
-        }
-        // Once the pool has no port, it has none for the rest of this pass (nothing is given
-        // back here): the others are not scanned for one, so a pass costs O(pending), not
-        // O(pending × ports).
-        let mut ports_left = true;
-        // Starts placed in this pass: at most a batch (see `STARTS_PER_EVENT`); the rest stay
-        // pending, oldest first, for the next event.
-        let mut placed_now = 0;
-        // Models whose pending replicas this pass looked at: a model it did not reach keeps
-        // what it last said about capacity.
-        let mut reached: BTreeSet<String> = BTreeSet::new();
-        // What each model's starts wait for (`held_for`, a walk over every replica), taken once
-        // per pass and again only after this pass changed it (a start placed on devices, a
-        // replica reclaimed): a pass costs O(pending + replicas), not O(pending × replicas).
-        let mut held_by_model: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-        for (_, _, _, id) in pending {
-            if placed_now >= STARTS_PER_EVENT {
-                break;
-            }
-            let Some(r) = self.replicas.get(&id) else {
-                continue;
-            };
-            let model = r.model.clone();
-            reached.insert(model.clone());
-            let Some(m) = self.models.get(&model) else {
-                continue;
-            };
-            if now < m.backoff_until {
-                let wait = m.backoff_until.since(now);
-                if let Some(r) = self.replicas.get_mut(&id) {
-                    r.reason = format!(
-                        "restart back-off: starts in {}",
-                        crate::units::short_duration(wait)
-                    );
-                }
-                continue;
-            }
-            let launch = m.launch_spec();
-            let want = |exclude| Want::of(launch, exclude);
-            // Placed as if nothing were held; a device that is held (a start under way on it,
-            // or the first memory readings pending) is then waited for, never swapped for
-            // another: `pack` still fills one device, and a multi-GPU set is never split.
-            let nothing = BTreeSet::new();
-            let placed = match self.gpus.place(&want(&nothing)) {
-                Ok(p) => {
-                    let held = held_by_model
-                        .entry(model.clone())
-                        .or_insert_with(|| self.held_for(&model, now));
-                    if let Some(wait) = p.devices.iter().find_map(|u| held.get(u)).cloned() {
-                        if let Some(r) = self.replicas.get_mut(&id) {
-                            r.reason = wait;
-                        }
-                        continue;
-                    }
-                    p
-                }
-                Err(why) => {
-                    let why = match self.reclaim_for(&id, now, out) {
-                        Some(victim) => {
-                            held_by_model.clear();
-                            format!("{why}; reclaiming the GPU of {victim}")
-                        }
-                        None => why,
-                    };
-                    if let Some(r) = self.replicas.get_mut(&id) {
-                        r.reason = why.clone();
-                    }
-                    blocked.insert(model, Some(why));
-                    continue;
-                }
-            };
-            self.note_unread(&placed.devices, out);
-            let Some(m) = self.models.get(&model) else {
-                continue;
-            };
-            let launch = m.launch_spec();
-            let exclusive = launch.gpu_memory.is_none();
-            let Some(r) = self.replicas.get_mut(&id) else {
-                continue;
-            };
-            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
-                ports_left = false;
-                r.reason = "no free port in daemon.ports".into();
-                continue;
-            };
-            r.port = Some(port);
-            r.gpus = placed.devices.clone();
-            r.gpu_bytes = placed.bytes;
-            r.spawned_at = Some(now);
-            self.gpus
-                .reserve(&id, &placed.devices, placed.bytes, exclusive);
-            if !placed.devices.is_empty() {
-                held_by_model.clear();
-            }
-            placed_now += 1;
-            self.set_state(&id, ReplicaState::Starting, now, out);
-            if let Some(spec) = self.spawn_spec(&id) {
-                out.push(Action::Spawn(spec));
-            }
-        }
-        for (model, why) in blocked {
-            if placed_now >= STARTS_PER_EVENT && !reached.contains(&model) {
-                continue;
-            }
-            if let Some(m) = self.models.get_mut(&model) {
-                m.no_capacity = why;
-            }
-        }
-    }
-
-    fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
+    pub(super) fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
         let r = self.replicas.get(id)?;
         // The configuration the replica was made from: during a rollout, old or new.
         let model_config = self.models.get(&r.model)?.config_of(&r.spec);

@@ -247,7 +247,7 @@ impl Node {
                     out,
                 );
             }
-            if !self.replicas.values().any(|r| r.model == name) {
+            if !self.replicas.has_model(&name) {
                 self.models.remove(&name);
             }
         }
@@ -261,12 +261,7 @@ impl Node {
             return;
         };
         let Some(r) = &m.rollout else { return };
-        if r.halted.is_some()
-            || self
-                .replicas
-                .values()
-                .any(|x| x.model == model && x.spec != m.spec)
-        {
+        if r.halted.is_some() || self.replicas.of_model(model).any(|x| x.spec != m.spec) {
             return;
         }
         let version = m.config.launch.version.clone();

@@ -326,8 +326,8 @@ impl Node {
                 // Routed replicas that stay: not this one, nor others already on their way out.
                 let staying = self
                     .replicas
-                    .values()
-                    .filter(|x| x.model == model && x.state == ReplicaState::Routed)
+                    .of_model(&model)
+                    .filter(|x| x.state == ReplicaState::Routed)
                     .filter(|x| x.id != rid && !self.departing(x))
                     .count() as u32;
                 if force || staying >= min {
@@ -369,11 +369,10 @@ impl Node {
     /// Whether a replica of `model` can take a routed one's place: a warm one to promote, one
     /// already starting, or room for a new one (GPUs and a port) beside the replicas running now.
     fn replacement_possible(&self, model: &str) -> Result<(), String> {
-        let ready_or_coming = self.replicas.values().any(|r| {
-            r.model == model
-                && !self.departing(r)
-                && (r.promotable() || r.state == ReplicaState::Starting)
-        });
+        let ready_or_coming = self
+            .replicas
+            .of_model(model)
+            .any(|r| !self.departing(r) && (r.promotable() || r.state == ReplicaState::Starting));
         if ready_or_coming {
             return Ok(());
         }

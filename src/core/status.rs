@@ -28,11 +28,8 @@ impl Node {
         let c = self.counts(name);
         let draining = self
             .replicas
-            .values()
-            .filter(|r| {
-                r.model == name
-                    && matches!(r.state, ReplicaState::Draining | ReplicaState::Stopping)
-            })
+            .of_model(name)
+            .filter(|r| matches!(r.state, ReplicaState::Draining | ReplicaState::Stopping))
             .count() as u32;
         let (health, health_reason) = if m.crash_looping() {
             (
@@ -58,7 +55,7 @@ impl Node {
             },
             None => SignalView::default(),
         };
-        let mut replicas: Vec<_> = self.replicas.values().filter(|r| r.model == name).collect();
+        let mut replicas: Vec<_> = self.replicas.of_model(name).collect();
         replicas.sort_by_key(|r| r.n);
         ModelView {
             name: name.to_string(),
@@ -94,10 +91,8 @@ impl Node {
                 from: r.previous.launch.version.clone(),
                 updated: self
                     .replicas
-                    .values()
-                    .filter(|x| {
-                        x.model == name && x.spec == m.spec && x.state == ReplicaState::Routed
-                    })
+                    .of_model(name)
+                    .filter(|x| x.spec == m.spec && x.state == ReplicaState::Routed)
                     .count() as u32,
                 halted: r.halted.clone(),
             }),

@@ -10,6 +10,8 @@
 //!   a string a client sent;
 //! - ports and GPU reservations match the live replicas exactly;
 //! - a replica is routed only after a warm-up passed (one this test sent);
+//! - the routed set a watcher last saw for each model is the one routed now;
+//! - the replica table's indexes agree with its replicas;
 //!
 //! and after each sequence, once the world behaves (spawns succeed, warm-ups pass, signals end
 //! processes) for 15 minutes: every model has at least `min` routed unless no replica of it can
@@ -49,6 +51,8 @@ struct World {
     unanswered: BTreeSet<ReplicaId>,
     /// The most replicas that can be alive: a port each, and pending ones at most `max` each.
     replica_bound: usize,
+    /// The routed set last published for each model, as a watcher sees it.
+    routed_seen: BTreeMap<String, Vec<crate::protocol::Endpoint>>,
 }
 
 /// The peer a number picks: an admin, a reader, a process of a live replica, or nobody.
@@ -137,6 +141,7 @@ impl World {
             killed: BTreeSet::new(),
             unanswered: BTreeSet::new(),
             replica_bound: bound,
+            routed_seen: BTreeMap::new(),
         }
     }
 
@@ -212,13 +217,30 @@ impl World {
                 );
             }
         }
+        for a in &out {
+            if let Action::Publish(WatchEvent::Routed { model, endpoints }) = a {
+                self.routed_seen.insert(model.clone(), endpoints.clone());
+            }
+        }
+        // Published only when it changed, and never stale.
+        for name in self.node.models.keys() {
+            assert_eq!(
+                self.routed_seen.get(name),
+                Some(&self.node.routed_endpoints(name)),
+                "the routed set of {name} watchers saw"
+            );
+        }
         self.check_books();
         out
     }
 
-    /// Ports and GPU reservations are exactly those of the live replicas.
+    /// Ports and GPU reservations are exactly those of the live replicas; the replica table's
+    /// indexes (by id, by model) agree with the replicas.
     fn check_books(&self) {
         let n = &self.node;
+        if let Err(why) = n.replicas.check() {
+            panic!("the replica table's indexes: {why}");
+        }
         let mut ports = BTreeSet::new();
         for r in n.replicas.values() {
             match (r.state, r.port) {

@@ -1,0 +1,181 @@
+//! Placing pending replicas: a port and GPUs for each, oldest first (higher priority first),
+//! once its model's restart back-off has passed; at most a batch of starts per event.
+//!
+//! This runs after every event and looks at every pending replica, and a `scale` to the whole
+//! port range leaves up to a thousand of them waiting for ports that draining replicas still
+//! hold: the pass costs O(pending + replicas) with small constants — what it learns of a model
+//! (its place in the pass, what its starts wait for, why it has no capacity) is kept per model,
+//! not per replica, and a replica's reason is rewritten only when it changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::event::Action;
+use super::node::Node;
+use super::placement::Want;
+use super::reconcile::STARTS_PER_EVENT;
+use super::replica::{Replica, ReplicaState};
+use super::replicas::Handle;
+use super::Time;
+
+/// What one pass learnt of a model.
+#[derive(Default)]
+struct ModelPass {
+    /// The pass looked at one of its pending replicas: what it says about capacity is new.
+    reached: bool,
+    /// Why GPUs cannot take its replicas, if they cannot.
+    blocked: Option<String>,
+    /// What its starts wait for (`held_for`, a walk over every replica), taken once per pass
+    /// and again only after the pass changed it (a start placed on devices, a replica
+    /// reclaimed).
+    held: Option<BTreeMap<String, String>>,
+}
+
+impl Node {
+    /// Gives pending replicas a port and GPUs, oldest first, once their back-off has passed.
+    pub(super) fn place_pending(&mut self, now: Time, out: &mut Vec<Action>) {
+        // The models in name order; a pending replica carries its model's place here.
+        let names: Vec<String> = self.models.keys().cloned().collect();
+        let mut pass: Vec<ModelPass> = names.iter().map(|_| ModelPass::default()).collect();
+        // Higher priority first, then oldest: a model that reclaimed GPUs gets them. (A replica
+        // of a model no longer configured is never placed.) Held by handle: most stay pending,
+        // and their ids are not copied for it.
+        let mut pending: Vec<(i32, Time, u64, Handle, usize)> = self
+            .replicas
+            .unordered()
+            .filter(|(_, r)| r.state == ReplicaState::Pending)
+            .filter_map(|(h, r)| {
+                let ix = names
+                    .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
+                    .ok()?;
+                let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
+                Some((-prio, r.created, r.n, h, ix))
+            })
+            .collect();
+        // Ties (replicas of two models made at once with the same number) go by id.
+        let id_of = |h: Handle| self.replicas.at(h).map(|r| &r.id);
+        pending.sort_unstable_by(|a, b| {
+            (a.0, a.1, a.2)
+                .cmp(&(b.0, b.1, b.2))
+                .then_with(|| id_of(a.3).cmp(&id_of(b.3)))
+        });
+        // Once the pool has no port, it has none for the rest of this pass (nothing is given
+        // back here): the others are not scanned for one, so a pass costs O(pending), not
+        // O(pending × ports).
+        let mut ports_left = true;
+        // Starts placed in this pass: at most a batch (see `STARTS_PER_EVENT`); the rest stay
+        // pending, oldest first, for the next event.
+        let mut placed_now = 0;
+        for (_, _, _, h, ix) in pending {
+            if placed_now >= STARTS_PER_EVENT {
+                break;
+            }
+            let (Some(model), Some(this)) = (names.get(ix), pass.get_mut(ix)) else {
+                continue;
+            };
+            if self.replicas.at(h).is_none() {
+                continue;
+            }
+            this.reached = true;
+            let Some(m) = self.models.get(model) else {
+                continue;
+            };
+            if now < m.backoff_until {
+                let wait = m.backoff_until.since(now);
+                let why = format!(
+                    "restart back-off: starts in {}",
+                    crate::units::short_duration(wait)
+                );
+                if let Some(r) = self.replicas.at_mut(h) {
+                    set_reason(r, &why);
+                }
+                continue;
+            }
+            let launch = m.launch_spec();
+            let exclusive = launch.gpu_memory.is_none();
+            // Placed as if nothing were held; a device that is held (a start under way on it,
+            // or the first memory readings pending) is then waited for, never swapped for
+            // another: `pack` still fills one device, and a multi-GPU set is never split.
+            let nothing = BTreeSet::new();
+            let placed = match self.gpus.place(&Want::of(launch, &nothing)) {
+                Ok(p) => {
+                    let wait = if p.devices.is_empty() {
+                        None
+                    } else {
+                        let held = match &mut this.held {
+                            Some(held) => held,
+                            none => none.insert(self.held_for(model, now)),
+                        };
+                        p.devices.iter().find_map(|u| held.get(u)).cloned()
+                    };
+                    if let Some(wait) = wait {
+                        if let Some(r) = self.replicas.at_mut(h) {
+                            set_reason(r, &wait);
+                        }
+                        continue;
+                    }
+                    p
+                }
+                Err(why) => {
+                    let Some(id) = self.replicas.at(h).map(|r| r.id.clone()) else {
+                        continue;
+                    };
+                    let why = match self.reclaim_for(&id, now, out) {
+                        Some(victim) => {
+                            pass.iter_mut().for_each(|p| p.held = None);
+                            format!("{why}; reclaiming the GPU of {victim}")
+                        }
+                        None => why,
+                    };
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        set_reason(r, &why);
+                    }
+                    if let Some(this) = pass.get_mut(ix) {
+                        this.blocked = Some(why);
+                    }
+                    continue;
+                }
+            };
+            self.note_unread(&placed.devices, out);
+            let Some(r) = self.replicas.at_mut(h) else {
+                continue;
+            };
+            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
+                ports_left = false;
+                set_reason(r, "no free port in daemon.ports");
+                continue;
+            };
+            r.port = Some(port);
+            r.gpus = placed.devices.clone();
+            r.gpu_bytes = placed.bytes;
+            r.spawned_at = Some(now);
+            let id = r.id.clone();
+            self.gpus
+                .reserve(&id, &placed.devices, placed.bytes, exclusive);
+            if !placed.devices.is_empty() {
+                pass.iter_mut().for_each(|p| p.held = None);
+            }
+            placed_now += 1;
+            self.set_state(&id, ReplicaState::Starting, now, out);
+            if let Some(spec) = self.spawn_spec(&id) {
+                out.push(Action::Spawn(spec));
+            }
+        }
+        for (model, this) in names.iter().zip(pass) {
+            if placed_now >= STARTS_PER_EVENT && !this.reached {
+                continue;
+            }
+            if let Some(m) = self.models.get_mut(model) {
+                m.no_capacity = this.blocked;
+            }
+        }
+    }
+}
+
+/// Says why `r` waits, writing only a reason that changed (most passes find the same one: a
+/// copy per pending replica per event was most of what a pass cost).
+fn set_reason(r: &mut Replica, why: &str) {
+    if r.reason != why {
+        r.reason.clear();
+        r.reason.push_str(why);
+    }
+}
