@@ -8,6 +8,8 @@
 //! and the measured load fits in one replica fewer, for `down_stabilization`; then one replica per
 //! `down_step`. Scaling up late costs queued requests; scaling down early costs a cold start.
 
+mod demand;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use super::capacity::{replicas_needed, ReplicaCapacity, MAX_SLOTS, WAIT_TAIL};
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
+use demand::Demand;
 
 /// Time constant of the wait's smoothing on the way down.
 const SMOOTHING: Duration = Duration::from_millis(500);
@@ -22,11 +25,6 @@ const SMOOTHING: Duration = Duration::from_millis(500);
 const DAMPING: f64 = 0.5;
 /// After a scale-up, the next one waits this long, so the new capacity can show in the queue.
 const UP_SETTLE: Duration = Duration::from_secs(2);
-/// The arrival rate that sets the standing floor is averaged over this long.
-const LOAD_WINDOW: Duration = Duration::from_secs(30);
-/// Removing a replica must leave the rest with at most this share of arrivals waiting longer
-/// than the target: stricter than the share scale-up sizes for, so the two do not flap.
-const DOWN_WAIT_TAIL: f64 = WAIT_TAIL / 5.0;
 /// How far back the queue's trend is read.
 const TREND_SPAN: Duration = Duration::from_secs(2);
 /// Evidence of per-replica throughput fades with this time constant.
@@ -35,29 +33,23 @@ const MU_MEMORY: Duration = Duration::from_secs(600);
 const MU_EVIDENCE: f64 = 20.0;
 /// Cold starts remembered for time-to-ready.
 const READY_TIMES: usize = 8;
-/// How long a peak of arrival-rate growth counts when sizing the automatic pool.
-const GROWTH_MEMORY: Duration = Duration::from_secs(3600);
-/// Growth of the arrival rate is measured over this span.
-const GROWTH_SPAN: Duration = Duration::from_secs(60);
+/// Until a cold start has been seen, the windows assume one takes this long.
+const TTR_PRIOR: Duration = Duration::from_secs(60);
 
-/// One second of signal, for window averages.
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    second: u64,
-    wait_sum: f64,
-    wait_max: f64,
-    depth_sum: f64,
-    rate: Option<f64>,
-    n: u32,
+fn tune(name: &str, default: f64) -> f64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
-
-impl Bucket {
-    fn wait(&self) -> f64 {
-        self.wait_sum / self.n as f64
-    }
-    fn depth(&self) -> f64 {
-        self.depth_sum / self.n as f64
-    }
+/// The envelope looks back one time-to-ready, and at least this far.
+fn envelope_min() -> Duration {
+    Duration::from_secs_f64(tune("HT_ENV_MIN", 30.0))
+}
+/// How long a rise of demand within one time-to-ready is remembered for the pool.
+fn rise_memory() -> Duration {
+    Duration::from_secs_f64(tune("HT_RISE_MEM", 1800.0))
+}
+/// Share of arrivals the envelope's size may let wait longer than the target.
+fn envelope_tail() -> f64 {
+    tune("HT_TAIL", WAIT_TAIL)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -67,7 +59,7 @@ pub struct Autoscaler {
     last_down: Option<Time>,
     /// When the signal began (for the first stabilization window).
     first_seen: Option<Time>,
-    buckets: VecDeque<Bucket>,
+    demand: Demand,
     /// Service time (s): busy slot-seconds over completions (Little's law on the requests
     /// running), both decaying with `MU_MEMORY`, so it follows a changing workload.
     service: Option<(Time, f64, f64)>,
@@ -75,14 +67,14 @@ pub struct Autoscaler {
     slots: Option<u32>,
     /// The most requests seen running at once on one replica: a lower bound on `slots`.
     max_running: u32,
-    /// Arrival rate per second, for growth.
-    rates: VecDeque<(Time, f64)>,
-    /// Peak growth of the arrival rate (requests/s per second) and when it was seen.
-    peak_growth: Option<(Time, f64)>,
     time_to_ready: Option<Duration>,
     ready_times: VecDeque<Duration>,
-    /// What the busiest second of the last `down_stabilization` needed, for the wait target.
-    peak_need: Option<u32>,
+    /// The envelope as of the latest second: the highest arrival rate within one
+    /// time-to-ready, and the routed replicas it needs.
+    envelope: Option<(f64, u32)>,
+    /// Warm replicas beyond the envelope that the largest recent rise within one time-to-ready
+    /// asks for.
+    rise_pool: Option<u32>,
     /// The wait has been over target since (this episode).
     over_since: Option<Time>,
     /// The model has shown no work since.
@@ -122,27 +114,28 @@ impl Autoscaler {
         self.time_to_ready = self.ready_times.iter().max().copied();
     }
 
-    /// Routed replicas beyond what the busiest recent second needed (and one more): already
-    /// serving, they are headroom as a warm replica would be, so the pool need not hold them too.
+    /// Routed replicas beyond what the envelope of recent peaks needs: already serving, they
+    /// are headroom as a warm replica would be, so the pool need not hold them too.
     pub fn spare_routed(&self, desired: u32) -> u32 {
-        self.peak_need
-            .map_or(0, |need| desired.saturating_sub(need + 1))
+        self.envelope
+            .map_or(0, |(_, need)| desired.saturating_sub(need))
     }
 
-    /// The warm pool `warm_pool = "auto"` asks for: enough to absorb the steepest recent growth
-    /// of the arrival rate for as long as a cold start takes (the seed formula). One replica until
-    /// there is data to size it.
+    /// The warm pool `warm_pool = "auto"` asks for: the replicas that the largest rise of the
+    /// arrival rate within one time-to-ready, seen lately, would need beyond the envelope (the
+    /// seed formula, read off the model's own history). Nothing while load is steady; one
+    /// replica until there is data to size it.
     pub fn auto_pool(&self) -> u32 {
-        match (
-            self.peak_growth,
-            self.time_to_ready,
-            self.capacity().map(|c| c.mu),
-        ) {
-            (Some((_, growth)), Some(ttr), Some(mu)) => {
-                ((growth * ttr.as_secs_f64()) / mu).ceil().max(1.0) as u32
-            }
-            _ => 1,
-        }
+        self.rise_pool.unwrap_or(1)
+    }
+
+    fn ttr(&self) -> Duration {
+        self.time_to_ready.unwrap_or(TTR_PRIOR)
+    }
+
+    /// How far back the envelope looks: one time-to-ready, and at least `envelope_min()`.
+    fn envelope_span(&self) -> Duration {
+        self.ttr().max(envelope_min())
     }
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
@@ -187,15 +180,9 @@ impl Autoscaler {
         let now = inp.now;
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
-        self.record(now, &sig, wait);
-        self.peak_need = self.capacity().and_then(|cap| {
-            let peak = self
-                .window(now, inp.scaling.down_stabilization)
-                .filter_map(|b| b.rate)
-                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))?;
-            let target = inp.scaling.target_wait.as_secs_f64();
-            Some(replicas_needed(peak, cap, target, WAIT_TAIL, inp.max))
-        });
+        if self.demand.record(now, &sig, wait, self.ttr()) {
+            self.refresh(inp);
+        }
         let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
         let working =
             sig.in_flight > 0 || sig.queue_depth > 0 || sig.arrival_rate.is_some_and(|r| r > 0.0);
@@ -220,19 +207,74 @@ impl Autoscaler {
 
         if wait > target_ms {
             self.over_since.get_or_insert(now);
-            return self.scale_up(inp, &sig, wait, target_ms, desired);
+            // In trouble: what serves now is the least the window should remember.
+            self.demand.recommend(desired);
+            let d = self.scale_up(inp, &sig, wait, target_ms, desired);
+            if let Some(d) = &d {
+                self.demand.recommend(d.to);
+            }
+            return d;
         }
         self.over_since = None;
-        if let Some(d) = self.keep_up_with_arrivals(inp, &sig, desired) {
+        if let Some(d) = self.follow_envelope(inp, &sig, desired) {
+            self.demand.recommend(d.to);
             return Some(d);
         }
-        self.scale_down(inp, target_ms, desired)
+        self.scale_down(inp, wait, target_ms, desired)
     }
 
-    /// Little's law as a standing floor: where rates are known, the routed count never falls
-    /// short of what the arrival rate (averaged over `LOAD_WINDOW`, so noise does not ratchet
-    /// the fleet up) needs for the wait target — before the wait shows the shortfall.
-    fn keep_up_with_arrivals(
+    /// Once a second: the envelope of recent peaks and the pool the recent rises ask for.
+    fn refresh(&mut self, inp: &Inputs) {
+        let target = inp.scaling.target_wait.as_secs_f64();
+        let cap = self.capacity();
+        let peak = self.demand.peak_rate(self.envelope_span());
+        let size_rate = match (peak, self.forecast()) {
+            (Some(p), Some(f)) if tune("HT_TREND", 1.0) > 0.0 => Some(p.max(f)),
+            (p, _) => p,
+        };
+        self.envelope = match (cap, size_rate) {
+            (Some(cap), Some(rate)) => Some((
+                rate,
+                replicas_needed(rate, cap, target, envelope_tail(), inp.max),
+            )),
+            _ => None,
+        };
+        let now_rate = self.demand.last().and_then(|b| b.rate);
+        self.rise_pool = match (cap, now_rate, self.envelope) {
+            (Some(cap), Some(rate), Some((_, need))) => {
+                let memory = rise_memory();
+                let rise = self.demand.repeated_rise(self.ttr(), memory);
+                let ceiling = self.demand.highest_rate(memory).unwrap_or(rate);
+                let back = (rate + rise).min(ceiling);
+                let with_rise = replicas_needed(back, cap, target, envelope_tail(), inp.max);
+                Some(with_rise.saturating_sub(need))
+            }
+            _ => None,
+        };
+        self.demand
+            .set_recommendation(self.envelope.map_or(0, |(_, need)| need));
+        if std::env::var_os("HT_DEBUG").is_some() && inp.now.0.as_secs() % 10 == 0 {
+            eprintln!("{} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.repeated_rise(self.ttr(), rise_memory()), inp.routed, inp.warm, inp.desired);
+        }
+    }
+
+    /// The arrival rate one time-to-ready ahead if it keeps rising as it has lately: the mean of
+    /// the last half time-to-ready plus the slope that the two halves before agree on (the
+    /// smaller of the two rises), carried over a whole time-to-ready. A ramp has a slope; a
+    /// step or a burst does not (it rose in one half only), and a fall has none.
+    fn forecast(&self) -> Option<f64> {
+        let half = (self.ttr() / 2).max(Duration::from_secs(15));
+        let m2 = self.demand.mean_rate(Duration::ZERO, half)?;
+        let m1 = self.demand.mean_rate(half, half)?;
+        let m0 = self.demand.mean_rate(half * 2, half)?;
+        let slope = (m2 - m1).min(m1 - m0).max(0.0) / half.as_secs_f64();
+        Some(m2 + slope * self.ttr().as_secs_f64())
+    }
+
+    /// Up to what the envelope of recent peaks needs, before the wait shows a shortfall: the
+    /// demand that came within the last time-to-ready can come again before a cold replica
+    /// could be ready for it.
+    fn follow_envelope(
         &mut self,
         inp: &Inputs,
         sig: &ModelSignal,
@@ -246,24 +288,29 @@ impl Autoscaler {
         {
             return None;
         }
+        let (mut rate, mut need) = self.envelope?;
         let cap = self.capacity()?;
-        let lambda = self.recent_rate(now)?;
-        let target = inp.scaling.target_wait.as_secs_f64();
-        let need = replicas_needed(lambda, cap, target, WAIT_TAIL, inp.max);
+        if tune("HT_INSTANT", 1.0) > 0.0 {
+            if let Some(r) = sig.arrival_rate_recent.filter(|r| r.is_finite() && *r > rate) {
+                let target = inp.scaling.target_wait.as_secs_f64();
+                (rate, need) = (r, replicas_needed(r, cap, target, envelope_tail(), inp.max));
+            }
+        }
         let to = need.min(desired + inp.scaling.max_up_step).min(inp.max);
         if to <= desired {
             return None;
         }
         self.last_up = Some(now);
-        Some(Decision {
-            to,
-            reason: format!(
-                "arrivals {lambda:.1}/s need {need} replicas to keep {:.0} % of waits under {} ({})",
-                (1.0 - WAIT_TAIL) * 100.0,
-                crate::units::short_duration(inp.scaling.target_wait),
-                describe(cap)
-            ),
-        })
+        let mut reason = format!(
+            "arrivals peaked at {rate:.1}/s within the last {}: {need} replicas keep {:.0} % of \
+             waits under {} ({})",
+            crate::units::short_duration(self.envelope_span()),
+            (1.0 - envelope_tail()) * 100.0,
+            crate::units::short_duration(inp.scaling.target_wait),
+            describe(cap)
+        );
+        reason.push_str(&capped(need, to, desired, inp));
+        Some(Decision { to, reason })
     }
 
     /// Fast attack, smoothed release: a rise counts at once (the report that shows the need
@@ -280,67 +327,6 @@ impl Autoscaler {
         };
         self.smoothed = Some((now, s));
         s
-    }
-
-    fn record(&mut self, now: Time, sig: &ModelSignal, wait: f64) {
-        let second = now.0.as_secs();
-        match self.buckets.back_mut() {
-            Some(b) if b.second == second => {
-                b.wait_sum += wait;
-                b.wait_max = b.wait_max.max(wait);
-                b.depth_sum += sig.queue_depth as f64;
-                b.rate = sig.arrival_rate.or(b.rate);
-                b.n += 1;
-            }
-            _ => {
-                self.buckets.push_back(Bucket {
-                    second,
-                    wait_sum: wait,
-                    wait_max: wait,
-                    depth_sum: sig.queue_depth as f64,
-                    rate: sig.arrival_rate,
-                    n: 1,
-                });
-                if let Some(rate) = sig.arrival_rate {
-                    self.track_growth(now, rate);
-                }
-            }
-        }
-        // Keep what the longest window needs (down_stabilization is at most hours).
-        while self.buckets.len() > 4 * 3600 {
-            self.buckets.pop_front();
-        }
-    }
-
-    fn track_growth(&mut self, now: Time, rate: f64) {
-        self.rates.push_back((now, rate));
-        while self
-            .rates
-            .front()
-            .is_some_and(|(t, _)| now.since(*t) > GROWTH_SPAN)
-        {
-            self.rates.pop_front();
-        }
-        if let Some(&(t0, r0)) = self.rates.front() {
-            let span = now.since(t0).as_secs_f64();
-            if span >= GROWTH_SPAN.as_secs_f64() * 0.5 {
-                let growth = (rate - r0) / span;
-                let keep = self
-                    .peak_growth
-                    .filter(|(at, g)| now.since(*at) < GROWTH_MEMORY && *g >= growth);
-                self.peak_growth = keep.or(Some((now, growth.max(0.0))));
-            }
-        }
-    }
-
-    /// Buckets within `span` of now.
-    fn window(&self, now: Time, span: Duration) -> impl Iterator<Item = &Bucket> {
-        let from = now.0.as_secs().saturating_sub(span.as_secs());
-        // From the newest back: the window is short next to what is kept.
-        self.buckets
-            .iter()
-            .rev()
-            .take_while(move |b| b.second >= from)
     }
 
     fn scale_up(
@@ -394,12 +380,22 @@ impl Autoscaler {
         } else {
             self.littles_floor(inp, sig)
         };
-        let mut want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
+        let by_envelope = self.envelope.map(|(_, need)| need);
+        // Before the service time is known: every request in flight a slot, as Cortex sizes.
+        let by_in_flight = (self.capacity().is_none() || tune("HT_INFLIGHT", 0.0) > 0.0).then(|| {
+            let slots = self.slots.unwrap_or(self.max_running).max(1);
+            sig.in_flight.div_ceil(u64::from(slots)).min(u64::from(inp.max)) as u32
+        });
+        let mut want = by_wait
+            .unwrap_or(0)
+            .max(by_rate.unwrap_or(0))
+            .max(by_envelope.unwrap_or(0))
+            .max(by_in_flight.unwrap_or(0));
         if warm_only {
             want = want.min(desired + inp.warm);
         }
-        let capped = want.min(desired + inp.scaling.max_up_step).min(inp.max);
-        if capped <= desired {
+        let to = want.min(desired + inp.scaling.max_up_step).min(inp.max);
+        if to <= desired {
             return None;
         }
         self.last_up = Some(now);
@@ -410,13 +406,17 @@ impl Autoscaler {
         if let Some(n) = by_rate {
             reason.push_str(&format!("; arrivals and backlog need {n} (Little's law)"));
         }
-        if capped < want {
+        if let Some(n) = by_in_flight.filter(|&n| n > desired) {
+            reason.push_str(&format!("; {} in flight need {n}", sig.in_flight));
+        }
+        if let Some((rate, n)) = self.envelope.filter(|e| e.1 > by_rate.unwrap_or(0)) {
             reason.push_str(&format!(
-                "; capped at +{} per step",
-                inp.scaling.max_up_step
+                "; arrivals peaked at {rate:.1}/s within {}: {n} needed",
+                crate::units::short_duration(self.envelope_span())
             ));
         }
-        Some(Decision { to: capped, reason })
+        reason.push_str(&capped(want, to, desired, inp));
+        Some(Decision { to, reason })
     }
 
     /// Little's law: the replicas that serve the arrival rate within the wait target, plus
@@ -441,16 +441,6 @@ impl Autoscaler {
         ))
     }
 
-    /// The arrival rate averaged over `LOAD_WINDOW`, once half of it has rates.
-    fn recent_rate(&self, now: Time) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .window(now, LOAD_WINDOW)
-            .filter_map(|b| b.rate)
-            .collect();
-        let enough = rates.len() >= LOAD_WINDOW.as_secs() as usize / 2;
-        enough.then(|| rates.iter().sum::<f64>() / rates.len() as f64)
-    }
-
     /// What one replica can do, once measured: its slots (or, until it was seen saturated,
     /// the most it ran at once) over the service time.
     pub fn capacity(&self) -> Option<ReplicaCapacity> {
@@ -470,18 +460,26 @@ impl Autoscaler {
         if sig.queue_depth == 0 {
             return Some(0.0);
         }
-        let last = self.buckets.back()?;
+        let last = self.demand.last()?;
         let earlier = self
-            .buckets
-            .iter()
-            .rev()
-            .find(|b| now.0.as_secs().saturating_sub(b.second) >= TREND_SPAN.as_secs())?;
+            .demand
+            .at_or_before(now.0.as_secs().saturating_sub(TREND_SPAN.as_secs()))?;
         let dt = (last.second - earlier.second) as f64;
         let decline = (earlier.depth() - last.depth()) / dt;
         (decline > 0.0).then(|| sig.queue_depth as f64 / decline)
     }
 
-    fn scale_down(&mut self, inp: &Inputs, target_ms: f64, desired: u32) -> Option<Decision> {
+    /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
+    /// recommendation of the last `down_stabilization` — each second's envelope need, and what
+    /// served while the wait was over target — is below the routed count, and the wait is calm
+    /// now. Without measured rates, only after a whole window with no queue on average.
+    fn scale_down(
+        &mut self,
+        inp: &Inputs,
+        wait: f64,
+        target_ms: f64,
+        desired: u32,
+    ) -> Option<Decision> {
         let now = inp.now;
         let s = inp.scaling;
         // Scale to zero: only after idle_to_zero with no work at all.
@@ -505,55 +503,62 @@ impl Autoscaler {
         if desired <= floor || inp.routed < desired {
             return None;
         }
-        // The calm must have lasted a whole window since the last scale-up (and since the signal
-        // began), and a step since the last scale-down.
-        let since = self.last_up.max(self.first_seen)?;
-        if now.since(since) < s.down_stabilization {
+        // A whole window of signal since it began, and a step since the last scale-down.
+        if self
+            .first_seen
+            .is_none_or(|t| now.since(t) < s.down_stabilization)
+            || self.last_down.is_some_and(|t| now.since(t) < s.down_step)
+        {
             return None;
         }
-        if self.last_down.is_some_and(|t| now.since(t) < s.down_step) {
-            return None;
-        }
-        let window: Vec<&Bucket> = self.window(now, s.down_stabilization).collect();
-        if window.is_empty() {
-            return None;
-        }
-        let n = window.len() as f64;
-        let avg_wait = window.iter().map(|b| b.wait()).sum::<f64>() / n;
         let calm_ms = s.down_below * target_ms;
-        if avg_wait >= calm_ms || window.iter().any(|b| b.wait_max > target_ms) {
+        if wait >= calm_ms {
             return None;
         }
-        // Not busy: the average load must fit in one replica fewer.
-        let rates: Vec<f64> = window.iter().filter_map(|b| b.rate).collect();
-        let fits = match (rates.is_empty(), self.capacity()) {
-            (false, Some(cap)) => {
-                // The window's average, or the standing floor's if that is higher: a step down
-                // must never be one the floor would take back at once.
-                let lambda = (rates.iter().sum::<f64>() / rates.len() as f64)
-                    .max(self.recent_rate(now).unwrap_or(0.0));
-                let target = s.target_wait.as_secs_f64();
-                let need = replicas_needed(lambda, cap, target, DOWN_WAIT_TAIL, inp.max);
-                (need < desired)
-                    .then(|| format!("load {lambda:.1}/s needs {need} ({})", describe(cap)))
+        let window = s.down_stabilization;
+        let why = match self.envelope {
+            Some((rate, _)) => {
+                let highest = self.demand.peak_recommendation(window);
+                if highest >= desired {
+                    return None;
+                }
+                format!(
+                    "the highest need of the last {} is {highest} (arrivals now peak at {rate:.1}/s \
+                     within {})",
+                    crate::units::short_duration(window),
+                    crate::units::short_duration(self.envelope_span())
+                )
             }
-            // Without rates, the queue must have been empty on average.
-            _ => {
-                let depth = window.iter().map(|b| b.depth()).sum::<f64>() / n;
-                (depth < 0.5).then(|| "no queue".to_string())
+            None => {
+                // Without rates: no second over target, and no queue on average.
+                let (mut n, mut depth, mut over) = (0.0, 0.0, false);
+                for b in self.demand.recent(window) {
+                    n += 1.0;
+                    depth += b.depth();
+                    over |= b.wait_max > target_ms;
+                }
+                if n == 0.0 || over || depth / n >= 0.5 || self.last_up.is_some_and(|t| now.since(t) < window) {
+                    return None;
+                }
+                "no queue".to_string()
             }
         };
-        let fits = fits?;
         self.last_down = Some(now);
         Some(Decision {
             to: desired - 1,
-            reason: format!(
-                "calm for {}: average oldest wait {:.0} ms < {:.0} ms; {fits}",
-                crate::units::short_duration(s.down_stabilization),
-                avg_wait,
-                calm_ms
-            ),
+            reason: format!("calm: oldest wait {wait:.0} ms < {calm_ms:.0} ms; {why}"),
         })
+    }
+}
+
+/// The note a reason carries when a step gave less than it wanted, naming the cap that applied.
+fn capped(want: u32, to: u32, desired: u32, inp: &Inputs) -> String {
+    if to >= want {
+        String::new()
+    } else if inp.max <= desired + inp.scaling.max_up_step {
+        format!("; capped at max {}", inp.max)
+    } else {
+        format!("; capped at +{} per step", inp.scaling.max_up_step)
     }
 }
 

@@ -48,19 +48,27 @@ impl Node {
         c
     }
 
-    /// The warm pool the model should hold next to `desired_routed` routed replicas.
-    pub(super) fn desired_warm(&self, model: &str) -> u32 {
+    /// The pool the setting asks for, before `max` bounds it.
+    fn pool_setting(&self, model: &str) -> u32 {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
         if m.removed {
             return 0;
         }
-        let pool = match m.warm_pool_setting() {
+        match m.warm_pool_setting() {
             WarmPool::Fixed(n) => n,
             WarmPool::Auto => m.autoscaler.auto_pool(),
+        }
+    }
+
+    /// The warm pool the model should hold next to `desired_routed` routed replicas.
+    pub(super) fn desired_warm(&self, model: &str) -> u32 {
+        let Some(m) = self.models.get(model) else {
+            return 0;
         };
-        pool.min(m.max().saturating_sub(m.desired_routed))
+        self.pool_setting(model)
+            .min(m.max().saturating_sub(m.desired_routed))
     }
 
     /// The pool to fill (by launches and by unrouting): smaller than `desired_warm` while
@@ -70,8 +78,11 @@ impl Node {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
-        self.desired_warm(model)
+        // Headroom first, then `max`: while routed replicas step down one by one, each goes
+        // back to the pool as soon as the routed ones left no longer cover it.
+        self.pool_setting(model)
             .saturating_sub(m.autoscaler.spare_routed(m.desired_routed))
+            .min(m.max().saturating_sub(m.desired_routed))
     }
 
     fn reconcile_model(&mut self, name: &str, now: Time, out: &mut Vec<Action>) {
@@ -142,7 +153,8 @@ impl Node {
             c.leaving -= 1;
         }
 
-        // Too many routed: back to the pool if it is short, else drain.
+        // Too many routed: back to the pool if it is short (what it holds it finishes there),
+        // else drain.
         while c.routed > desired {
             let Some(id) = self.pick_least_busy_routed(name) else {
                 break;
@@ -177,13 +189,23 @@ impl Node {
             }
         } else if coming > keep {
             let mut surplus = coming - keep;
+            let stale_after = self.models[name].config.scaling.stale_after;
+            // A warm replica that left the routed set may still be finishing work: while its
+            // reports say so, it is not surplus yet.
+            let finishing = |r: &Replica| {
+                r.state == ReplicaState::Warm
+                    && r.signal
+                        .fresh(now, stale_after)
+                        .is_some_and(|s| s.in_flight > 0 || s.queue_depth > 0)
+            };
             for state in [
                 ReplicaState::Pending,
                 ReplicaState::Starting,
                 ReplicaState::Warm,
             ] {
                 while surplus > 0 {
-                    let Some(id) = self.pick(name, |r| r.state == state, true) else {
+                    let Some(id) = self.pick(name, |r| r.state == state && !finishing(r), true)
+                    else {
                         break;
                     };
                     self.stop(&id, "surplus: more than the model needs", false, now, out);

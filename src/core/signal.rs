@@ -159,10 +159,7 @@ impl ModelSignal {
             });
         }
         let mut out: Option<ModelSignal> = None;
-        // Arrivals add up as counts over one span, not as rates: a replica routed a second ago
-        // saw a second's worth of the model's arrivals, not a second's worth of the rate.
-        let mut arrived: Option<(u64, Time, Time)> = None;
-        let mut recent: Option<(u64, Time, Time)> = None;
+        let mut counting: Vec<&ReplicaSignal> = Vec::new();
         for sig in routed {
             let Some(s) = sig.fresh(now, stale_after) else {
                 continue;
@@ -173,29 +170,69 @@ impl ModelSignal {
             });
             o.at = o.at.max(s.at);
             o.oldest_wait_ms = o.oldest_wait_ms.max(s.oldest_wait_ms);
-            o.queue_depth += s.queue_depth;
-            o.in_flight += s.in_flight;
+            o.queue_depth = o.queue_depth.saturating_add(s.queue_depth);
+            o.in_flight = o.in_flight.saturating_add(s.in_flight);
             o.sources += 1;
-            for (acc, got) in [
-                (&mut arrived, sig.arrivals()),
-                (&mut recent, sig.arrivals_since(now - RECENT_SPAN)),
-            ] {
-                if let Some((n, from, to)) = got {
-                    let a = acc.get_or_insert((0, from, to));
-                    *a = (a.0 + n, a.1.min(from), a.2.max(to));
-                }
+            if sig.counted().is_some() {
+                counting.push(sig);
             }
         }
-        let rate = |c: Option<(u64, Time, Time)>| {
-            let (n, from, to) = c?;
-            let secs = to.since(from).as_secs_f64();
-            (secs >= MIN_RATE_SPAN.as_secs_f64()).then(|| n as f64 / secs)
-        };
         if let Some(o) = out.as_mut() {
-            o.arrival_rate = rate(arrived);
-            o.arrival_rate_recent = rate(recent);
+            // Arrivals add up as counts over one window, not as rates: a replica routed a
+            // second ago saw a second's worth of the model's arrivals, not a second's worth of
+            // the rate. The window ends when every replica had last reported (replicas report
+            // at their own moments; counting each to its own last report would undercount the
+            // ones that have not reported yet this round) and each counter is read at its ends
+            // by interpolation between reports.
+            let end = counting.iter().filter_map(|r| r.counted()).map(|c| c.1).min();
+            let rate = |span: Duration| -> Option<f64> {
+                let end = end?;
+                let from = end - span;
+                let first = counting.iter().filter_map(|r| r.counted()).map(|c| c.0).min()?;
+                let start = from.max(first);
+                let secs = end.since(start).as_secs_f64();
+                if secs < MIN_RATE_SPAN.as_secs_f64() {
+                    return None;
+                }
+                let n: f64 = counting
+                    .iter()
+                    .filter_map(|r| Some(r.arrived_at(end)? - r.arrived_at(start)?))
+                    .sum();
+                Some(n / secs)
+            };
+            o.arrival_rate = rate(RATE_WINDOW);
+            o.arrival_rate_recent = rate(RECENT_SPAN);
         }
         out
+    }
+}
+
+impl ReplicaSignal {
+    /// The first and last instants with an `arrived` counter.
+    fn counted(&self) -> Option<(Time, Time)> {
+        let first = self.history.iter().find(|s| s.arrived.is_some())?;
+        let last = self.history.iter().rev().find(|s| s.arrived.is_some())?;
+        Some((first.at, last.at))
+    }
+
+    /// The `arrived` counter at `t`, interpolated between reports (held at the ends).
+    fn arrived_at(&self, t: Time) -> Option<f64> {
+        let mut before: Option<&Sample> = None;
+        for s in self.history.iter().filter(|s| s.arrived.is_some()) {
+            if s.at >= t {
+                let v = s.arrived? as f64;
+                return Some(match before {
+                    Some(b) if s.at > b.at => {
+                        let bv = b.arrived? as f64;
+                        let f = t.since(b.at).as_secs_f64() / s.at.since(b.at).as_secs_f64();
+                        bv + (v - bv) * f
+                    }
+                    _ => v,
+                });
+            }
+            before = Some(s);
+        }
+        before.and_then(|b| b.arrived).map(|v| v as f64)
     }
 }
 

@@ -1,0 +1,197 @@
+//! The model's demand, one entry per second: the arrival rate the policy sizes for, the wait and
+//! queue it judges calm by, and the recommendation it made — with the windowed statistics the
+//! policy reads: the envelope of recent peaks, how fast demand has risen within one
+//! time-to-ready, the highest recommendation of the stabilization window.
+//!
+//! Every figure is bounded before it is kept, and the work per second is bounded by the windows
+//! (at most `KEEP` seconds are kept), never by a value a reporter sent.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::core::signal::ModelSignal;
+use crate::core::Time;
+
+/// Seconds of history kept: the longest window any setting can ask for.
+pub const KEEP: usize = 4 * 3600;
+/// Arrival rates above this (requests per second) are not believed.
+const MAX_RATE: f64 = 1e6;
+
+/// One second of signal.
+#[derive(Debug, Clone, Copy)]
+pub struct Second {
+    pub second: u64,
+    wait_sum: f64,
+    pub wait_max: f64,
+    depth_sum: f64,
+    n: u32,
+    /// Arrivals per second over the signal's rate window, when counters allow.
+    pub rate: Option<f64>,
+    /// How far the rate stood above its lowest of the preceding time-to-ready.
+    pub rise: f64,
+    /// What the policy recommended during this second (the highest, if several).
+    pub rec: u32,
+}
+
+impl Second {
+    pub fn wait(&self) -> f64 {
+        self.wait_sum / self.n as f64
+    }
+    pub fn depth(&self) -> f64 {
+        self.depth_sum / self.n as f64
+    }
+}
+
+fn bounded(rate: Option<f64>) -> Option<f64> {
+    rate.filter(|r| r.is_finite()).map(|r| r.clamp(0.0, MAX_RATE))
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Demand {
+    seconds: VecDeque<Second>,
+}
+
+impl Demand {
+    /// Records a signal seen at `now` (with the smoothed wait); true when it opens a new second.
+    /// `ttr` is the time-to-ready the rise is measured over.
+    pub fn record(&mut self, now: Time, sig: &ModelSignal, wait: f64, ttr: Duration) -> bool {
+        let second = now.0.as_secs();
+        let wait = if wait.is_finite() { wait.max(0.0) } else { 0.0 };
+        let rate = bounded(sig.arrival_rate);
+        if let Some(b) = self.seconds.back_mut().filter(|b| b.second == second) {
+            b.wait_sum += wait;
+            b.wait_max = b.wait_max.max(wait);
+            b.depth_sum += sig.queue_depth as f64;
+            b.rate = rate.or(b.rate);
+            b.n += 1;
+            return false;
+        }
+        let rise = rate.map_or(0.0, |r| {
+            let lowest = self
+                .window(second, ttr)
+                .filter_map(|b| b.rate)
+                .fold(r, f64::min);
+            r - lowest
+        });
+        let rec = self.seconds.back().map_or(0, |b| b.rec);
+        self.seconds.push_back(Second {
+            second,
+            wait_sum: wait,
+            wait_max: wait,
+            depth_sum: sig.queue_depth as f64,
+            n: 1,
+            rate,
+            rise,
+            rec,
+        });
+        while self.seconds.len() > KEEP {
+            self.seconds.pop_front();
+        }
+        true
+    }
+
+    /// Seconds within `span` before `second` (inclusive), newest first.
+    fn window(&self, second: u64, span: Duration) -> impl Iterator<Item = &Second> {
+        let from = second.saturating_sub(span.as_secs());
+        self.seconds
+            .iter()
+            .rev()
+            .take_while(move |b| b.second >= from)
+    }
+
+    /// Seconds within `span` of the newest, newest first.
+    pub fn recent(&self, span: Duration) -> impl Iterator<Item = &Second> {
+        let last = self.seconds.back().map_or(0, |b| b.second);
+        self.window(last, span)
+    }
+
+    pub fn last(&self) -> Option<&Second> {
+        self.seconds.back()
+    }
+
+    /// The newest second at or before `second`.
+    pub fn at_or_before(&self, second: u64) -> Option<&Second> {
+        self.seconds.iter().rev().find(|b| b.second <= second)
+    }
+
+    /// The highest arrival rate within `span`.
+    pub fn peak_rate(&self, span: Duration) -> Option<f64> {
+        self.recent(span)
+            .filter_map(|b| b.rate)
+            .fold(None, |m, r| Some(m.map_or(r, |m: f64| m.max(r))))
+    }
+
+    /// The mean arrival rate over the `span` that ended `ago` before the newest second, once
+    /// half of it has rates.
+    pub fn mean_rate(&self, ago: Duration, span: Duration) -> Option<f64> {
+        let last = self.seconds.back()?.second;
+        let to = last.saturating_sub(ago.as_secs());
+        let from = to.saturating_sub(span.as_secs());
+        let (n, sum) = self
+            .seconds
+            .iter()
+            .rev()
+            .skip_while(|b| b.second > to)
+            .take_while(|b| b.second > from)
+            .filter_map(|b| b.rate)
+            .fold((0usize, 0.0), |(n, s), r| (n + 1, s + r));
+        (n > 0 && n as u64 * 2 >= span.as_secs()).then(|| sum / n as f64)
+    }
+
+    /// The largest rise of the arrival rate within one time-to-ready that happened at least
+    /// twice within `memory`: `memory` is cut into slices of one time-to-ready (`ttr`), and the
+    /// answer is the largest r such that two slices that do not touch each saw a rise of r.
+    /// A single step or crowd does not count (it may never come again); bursts that recur do.
+    pub fn repeated_rise(&self, ttr: Duration, memory: Duration) -> f64 {
+        let width = ttr.as_secs().max(1);
+        let last = self.seconds.back().map_or(0, |b| b.second);
+        // Highest rise per slice, newest slice first.
+        let mut slices: Vec<f64> = Vec::new();
+        for b in self.recent(memory) {
+            let k = ((last - b.second) / width) as usize;
+            if slices.len() <= k {
+                slices.resize(k + 1, 0.0);
+            }
+            slices[k] = slices[k].max(b.rise);
+        }
+        let mut best = 0.0f64;
+        let mut before = 0.0f64;
+        for j in 2..slices.len() {
+            before = before.max(slices[j - 2]);
+            best = best.max(before.min(slices[j]));
+        }
+        best
+    }
+
+    /// The highest arrival rate within `span` (the ceiling a rise can bring demand back to).
+    pub fn highest_rate(&self, span: Duration) -> Option<f64> {
+        self.peak_rate(span)
+    }
+
+    /// Notes what the policy recommends now (the highest of the second counts).
+    pub fn recommend(&mut self, n: u32) {
+        if let Some(b) = self.seconds.back_mut() {
+            b.rec = b.rec.max(n);
+        }
+    }
+
+    /// Resets the current second's recommendation (a new second starts from nothing).
+    pub fn set_recommendation(&mut self, n: u32) {
+        if let Some(b) = self.seconds.back_mut() {
+            b.rec = n;
+        }
+    }
+
+    /// The highest recommendation within `span`.
+    pub fn peak_recommendation(&self, span: Duration) -> u32 {
+        self.recent(span).map(|b| b.rec).max().unwrap_or(0)
+    }
+
+    /// How many seconds of history there are within `span`.
+    pub fn covered(&self, span: Duration) -> u64 {
+        match (self.seconds.front(), self.seconds.back()) {
+            (Some(a), Some(b)) => (b.second - a.second).min(span.as_secs()),
+            _ => 0,
+        }
+    }
+}
