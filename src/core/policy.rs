@@ -135,7 +135,7 @@ impl Autoscaler {
 
     /// How far back the envelope looks: one time-to-ready, and at least `envelope_min()`.
     fn envelope_span(&self) -> Duration {
-        self.ttr().max(envelope_min())
+        self.ttr().mul_f64(tune("HT_ENV_K", 1.0)).max(envelope_min())
     }
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
@@ -149,13 +149,13 @@ impl Autoscaler {
     }
 
     /// A replica completed `done` requests over `busy` slot-seconds of running them.
-    pub fn observe_served(&mut self, now: Time, done: u64, busy: f64) {
+    pub fn observe_served(&mut self, now: Time, done: f64, busy: f64) {
         let (done_sum, busy_sum) = match self.service {
             Some((at, d, b)) => {
-                let keep = (-now.since(at).as_secs_f64() / MU_MEMORY.as_secs_f64()).exp();
-                (d * keep + done as f64, b * keep + busy)
+                let keep = (-now.since(at).as_secs_f64() / tune("HT_MU_MEM", MU_MEMORY.as_secs_f64())).exp();
+                (d * keep + done, b * keep + busy)
             }
-            None => (done as f64, busy),
+            None => (done, busy),
         };
         self.service = Some((now, done_sum, busy_sum));
     }
@@ -180,7 +180,8 @@ impl Autoscaler {
         let now = inp.now;
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
-        if self.demand.record(now, &sig, wait, self.ttr()) {
+        let smooth = Duration::from_secs_f64(tune("HT_SMOOTH", 1.0));
+        if self.demand.record(now, &sig, wait, self.ttr(), smooth) {
             self.refresh(inp);
         }
         let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
@@ -227,7 +228,7 @@ impl Autoscaler {
     fn refresh(&mut self, inp: &Inputs) {
         let target = inp.scaling.target_wait.as_secs_f64();
         let cap = self.capacity();
-        let peak = self.demand.peak_rate(self.envelope_span());
+        let peak = self.demand.peak_smooth(self.envelope_span());
         let size_rate = match (peak, self.forecast()) {
             (Some(p), Some(f)) if tune("HT_TREND", 1.0) > 0.0 => Some(p.max(f)),
             (p, _) => p,
@@ -254,7 +255,7 @@ impl Autoscaler {
         self.demand
             .set_recommendation(self.envelope.map_or(0, |(_, need)| need));
         if std::env::var_os("HT_DEBUG").is_some() && inp.now.0.as_secs() % 10 == 0 {
-            eprintln!("{} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.repeated_rise(self.ttr(), rise_memory()), inp.routed, inp.warm, inp.desired);
+            eprintln!("{} cap {:?} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), self.capacity(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.repeated_rise(self.ttr(), rise_memory()), inp.routed, inp.warm, inp.desired);
         }
     }
 
@@ -443,6 +444,9 @@ impl Autoscaler {
 
     /// What one replica can do, once measured: its slots (or, until it was seen saturated,
     /// the most it ran at once) over the service time.
+    ///
+    /// Until a replica has been seen with a queue, the most it ran at once stands for its slots:
+    /// a lower bound, so sizing errs towards more replicas, and Erlang C still applies.
     pub fn capacity(&self) -> Option<ReplicaCapacity> {
         let slots = self.slots.unwrap_or(self.max_running);
         if slots == 0 {
@@ -451,7 +455,7 @@ impl Autoscaler {
         let mu = slots as f64 / self.service_time()?;
         Some(ReplicaCapacity {
             mu,
-            slots: self.slots,
+            slots: Some(slots),
         })
     }
 

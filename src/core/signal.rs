@@ -47,10 +47,14 @@ pub struct ReplicaSignal {
 }
 
 impl ReplicaSignal {
-    /// Records a sample; returns the completions and the busy slot-seconds (requests running,
-    /// averaged over the interval, times its length) of the interval it closes: by Little's law
-    /// their ratio is the service time. Each interval is returned once.
-    pub fn record(&mut self, s: Sample) -> Option<(u64, f64)> {
+    /// Records a sample; returns the requests served and the busy slot-seconds (requests
+    /// running, averaged over the interval, times its length) of the interval it closes: by
+    /// Little's law their ratio is the service time. Requests served count the mean of those
+    /// that finished and those that started (finished plus the change in running): while the
+    /// running count falls, completions alone outnumber what the busy time paid for, and while
+    /// it rises they fall short, so either alone would bias the service time through every
+    /// change of load. Each interval is returned once.
+    pub fn record(&mut self, s: Sample) -> Option<(f64, f64)> {
         let mut served = None;
         // A counter that went backwards means the reporter restarted: old deltas are meaningless.
         if let Some(last) = self.history.back() {
@@ -61,7 +65,9 @@ impl ReplicaSignal {
             } else if let (Some(a), Some(b)) = (last.completed, s.completed) {
                 let running = |x: &Sample| x.in_flight.saturating_sub(x.queue_depth) as f64;
                 let busy = (running(last) + running(&s)) / 2.0 * s.at.since(last.at).as_secs_f64();
-                served = Some((b - a, busy));
+                let done = (b - a) as f64;
+                let started = (done + running(&s) - running(last)).max(0.0);
+                served = Some(((done + started) / 2.0, busy));
             }
         }
         // Reports can come far faster than rates need: keep samples at least

@@ -16,6 +16,10 @@ use crate::core::Time;
 pub const KEEP: usize = 4 * 3600;
 /// Arrival rates above this (requests per second) are not believed.
 const MAX_RATE: f64 = 1e6;
+/// The window of the arrival rate the signal reports (`signal::RATE_WINDOW`), seconds.
+const RATE_WINDOW_S: f64 = 10.0;
+/// Rises smaller than this many standard deviations of Poisson noise are not rises.
+const NOISE_Z: f64 = 3.0;
 
 /// One second of signal.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +33,8 @@ pub struct Second {
     pub rate: Option<f64>,
     /// How far the rate stood above its lowest of the preceding time-to-ready.
     pub rise: f64,
+    /// The rate averaged over the sizing window (`record`'s `smooth`), when there are rates.
+    pub smooth: Option<f64>,
     /// What the policy recommended during this second (the highest, if several).
     pub rec: u32,
 }
@@ -54,7 +60,14 @@ pub struct Demand {
 impl Demand {
     /// Records a signal seen at `now` (with the smoothed wait); true when it opens a new second.
     /// `ttr` is the time-to-ready the rise is measured over.
-    pub fn record(&mut self, now: Time, sig: &ModelSignal, wait: f64, ttr: Duration) -> bool {
+    pub fn record(
+        &mut self,
+        now: Time,
+        sig: &ModelSignal,
+        wait: f64,
+        ttr: Duration,
+        smooth: Duration,
+    ) -> bool {
         let second = now.0.as_secs();
         let wait = if wait.is_finite() { wait.max(0.0) } else { 0.0 };
         let rate = bounded(sig.arrival_rate);
@@ -71,9 +84,19 @@ impl Demand {
                 .window(second, ttr)
                 .filter_map(|b| b.rate)
                 .fold(r, f64::min);
-            r - lowest
+            // Less what Poisson noise alone explains: two rates over `RATE_WINDOW` differ by
+            // about √(2λ/window) at random.
+            let noise = NOISE_Z * (2.0 * r / RATE_WINDOW_S).sqrt();
+            (r - lowest - noise).max(0.0)
         });
         let rec = self.seconds.back().map_or(0, |b| b.rec);
+        let smoothed = rate.map(|r| {
+            let (n, sum) = self
+                .window(second, smooth)
+                .filter_map(|b| b.rate)
+                .fold((1.0, r), |(n, s), x| (n + 1.0, s + x));
+            sum / n
+        });
         self.seconds.push_back(Second {
             second,
             wait_sum: wait,
@@ -82,6 +105,7 @@ impl Demand {
             n: 1,
             rate,
             rise,
+            smooth: smoothed,
             rec,
         });
         while self.seconds.len() > KEEP {
@@ -118,6 +142,13 @@ impl Demand {
     pub fn peak_rate(&self, span: Duration) -> Option<f64> {
         self.recent(span)
             .filter_map(|b| b.rate)
+            .fold(None, |m, r| Some(m.map_or(r, |m: f64| m.max(r))))
+    }
+
+    /// The highest smoothed arrival rate within `span`.
+    pub fn peak_smooth(&self, span: Duration) -> Option<f64> {
+        self.recent(span)
+            .filter_map(|b| b.smooth)
             .fold(None, |m, r| Some(m.map_or(r, |m: f64| m.max(r))))
     }
 
