@@ -242,12 +242,11 @@ impl Autoscaler {
         };
         let now_rate = self.demand.last().and_then(|b| b.rate);
         self.rise_pool = match (cap, now_rate, self.envelope) {
-            (Some(cap), Some(rate), Some((_, need))) => {
-                let memory = rise_memory();
-                let rise = self.demand.repeated_rise(self.ttr(), memory);
-                let ceiling = self.demand.highest_rate(memory).unwrap_or(rate);
-                let back = (rate + rise).min(ceiling);
-                let with_rise = replicas_needed(back, cap, target, envelope_tail(), inp.max);
+            (Some(cap), Some(_), Some((_, need))) => {
+                let back = self.demand.recurring_peak(self.ttr(), rise_memory());
+                let with_rise = back.map_or(0, |level| {
+                    replicas_needed(level, cap, target, envelope_tail(), inp.max)
+                });
                 Some(with_rise.saturating_sub(need))
             }
             _ => None,
@@ -255,7 +254,7 @@ impl Autoscaler {
         self.demand
             .set_recommendation(self.envelope.map_or(0, |(_, need)| need));
         if std::env::var_os("HT_DEBUG").is_some() && inp.now.0.as_secs() % 10 == 0 {
-            eprintln!("{} cap {:?} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), self.capacity(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.repeated_rise(self.ttr(), rise_memory()), inp.routed, inp.warm, inp.desired);
+            eprintln!("{} cap {:?} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), self.capacity(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.recurring_peak(self.ttr(), rise_memory()).unwrap_or(0.0), inp.routed, inp.warm, inp.desired);
         }
     }
 

@@ -20,6 +20,8 @@ const MAX_RATE: f64 = 1e6;
 const RATE_WINDOW_S: f64 = 10.0;
 /// Rises smaller than this many standard deviations of Poisson noise are not rises.
 const NOISE_Z: f64 = 3.0;
+/// A rise within one time-to-ready is a burst when it is at least this share of the level.
+const BURST_SHARE: f64 = 0.25;
 
 /// One second of signal.
 #[derive(Debug, Clone, Copy)]
@@ -169,35 +171,41 @@ impl Demand {
         (n > 0 && n as u64 * 2 >= span.as_secs()).then(|| sum / n as f64)
     }
 
-    /// The largest rise of the arrival rate within one time-to-ready that happened at least
-    /// twice within `memory`: `memory` is cut into slices of one time-to-ready (`ttr`), and the
-    /// answer is the largest r such that two slices that do not touch each saw a rise of r.
-    /// A single step or crowd does not count (it may never come again); bursts that recur do.
-    pub fn repeated_rise(&self, ttr: Duration, memory: Duration) -> f64 {
+    /// The level that demand has risen to, within one time-to-ready, at least twice within
+    /// `memory`: `memory` is cut into slices of one time-to-ready (`ttr`); for two slices that
+    /// do not touch, each with a rise (beyond noise), the lower of their peak rates; the highest
+    /// such level. A single step or crowd does not count (it may never come again); bursts that
+    /// recur do. None when nothing recurred.
+    pub fn recurring_peak(&self, ttr: Duration, memory: Duration) -> Option<f64> {
         let width = ttr.as_secs().max(1);
-        let last = self.seconds.back().map_or(0, |b| b.second);
-        // Highest rise per slice, newest slice first.
+        let last = self.seconds.back()?.second;
+        // Per slice, newest first: the peak rate of the seconds that rose.
         let mut slices: Vec<f64> = Vec::new();
         for b in self.recent(memory) {
             let k = ((last - b.second) / width) as usize;
             if slices.len() <= k {
                 slices.resize(k + 1, 0.0);
             }
-            slices[k] = slices[k].max(b.rise);
+            // A rise counts when it is a real part of the level it reached (a burst), not a
+            // ripple on a plateau or a slow ramp.
+            let rate = b.rate.unwrap_or(0.0);
+            if b.rise > 0.0 && b.rise >= BURST_SHARE * rate {
+                slices[k] = slices[k].max(rate);
+            }
         }
-        let mut best = 0.0f64;
+        let mut best: Option<f64> = None;
         let mut before = 0.0f64;
         for j in 2..slices.len() {
             before = before.max(slices[j - 2]);
-            best = best.max(before.min(slices[j]));
+            let level = before.min(slices[j]);
+            if level > 0.0 {
+                best = Some(best.map_or(level, |b| b.max(level)));
+            }
         }
         best
     }
 
-    /// The highest arrival rate within `span` (the ceiling a rise can bring demand back to).
-    pub fn highest_rate(&self, span: Duration) -> Option<f64> {
-        self.peak_rate(span)
-    }
+
 
     /// Notes what the policy recommends now (the highest of the second counts).
     pub fn recommend(&mut self, n: u32) {
