@@ -11,43 +11,29 @@
 //! Run: `cargo bench --bench idle_footprint` (`-- --seconds N`). Without `--bench` it is a smoke
 //! run of 5 s.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::procs::alive;
+use testkit::*;
 
 const GOAL_CPU_PCT: f64 = 0.5;
 const GOAL_RSS_MIB: f64 = 20.0;
 
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1)?.parse().ok()
-}
-
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let secs = arg("--seconds").unwrap_or(if full { 60.0 } else { 5.0 }) as u64;
-    let model =
-        |name: &str, min: u32| {
-            let mut m = ModelSpec::toy(name, &["--concurrency", "4", "--service-time", "200ms"])
-                .scale(min, min + 2, 1);
-            m.liveness = Some(Liveness {
-                interval: "5s",
-                timeout: "2s",
-                failures: 3,
-            });
-            m.recheck = "1m";
-            m
-        };
+    let full = bench_full();
+    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 60.0 } else { 5.0 }) as u64;
+    let model = |name: &str, min: u32| {
+        Model::toy(name, &["--concurrency", "4", "--service-time", "200ms"])
+            .scale(min, min + 2, 1)
+            .liveness("5s", "2s", 3)
+    };
     let specs = [model("a", 2), model("b", 2), model("c", 1)];
     println!(
         "idle_footprint: 3 models, 8 toy replicas (2+1, 2+1, 1+1 routed+warm), tick 250 ms, \
-         liveness 5 s, recheck 1 m; {secs} s sampled once a second; binary {HEARTH}"
+         liveness 5 s, recheck 1 m; {secs} s sampled once a second; binary {}",
+        hearth().display()
     );
-    let d = Daemon::start(&specs);
+    let d = Daemon::builder().ports(12).models(specs).start();
     let pids = wait_until("8 replicas routed or warm", Duration::from_secs(60), || {
         let s = d.status();
         let ms = s["models"].as_array().unwrap();

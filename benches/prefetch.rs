@@ -18,7 +18,7 @@
 //!
 //! Cold cache: `echo 1 > /proc/sys/vm/drop_caches` where writable (root outside a container);
 //! otherwise `posix_fadvise(DONTNEED)` on the file, which drops its clean pages unprivileged.
-//! Residency after eviction is measured with mincore and printed.
+//! Residency after eviction is measured with util-linux's `fincore` (mincore(2)) and printed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-const HEARTH: &str = env!("CARGO_BIN_EXE_hearth");
+use testkit::{bench_full, hearth};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -97,48 +97,34 @@ fn evict(path: &Path, how: Evict) -> Evict {
     Evict::Fadvise
 }
 
-/// Share of the file's pages in the page cache (mincore).
+/// Share of the file's bytes in the page cache, as `fincore` (mincore(2) on a mapping of the
+/// file) counts them; NaN where fincore is missing.
 fn resident(path: &Path) -> f64 {
-    let f = std::fs::File::open(path).expect("open weights");
-    let len = f.metadata().unwrap().len() as usize;
+    let len = std::fs::metadata(path).expect("the weights' size").len();
     if len == 0 {
         return 0.0;
     }
-    let page = 4096usize;
-    let pages = len.div_ceil(page);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: a read-only shared mapping of a file we keep open for the call; unmapped below.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED, "mmap for mincore");
-        let rc = libc::mincore(addr, len, vec.as_mut_ptr());
-        libc::munmap(addr, len);
-        assert_eq!(rc, 0, "mincore");
-    }
-    vec.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages as f64
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output();
+    out.ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(f64::NAN, |res| res as f64 / len as f64)
 }
 
 /// Spawns the toy server and returns how long until it says it is ready.
 fn spawn_to_ready(weights: &Path, load: Duration) -> Duration {
+    let port = testkit::ports::ports(1);
     let t0 = Instant::now();
-    let mut child = Command::new(HEARTH)
-        .args(["toy-server", "--port", &free_port().to_string()])
+    let mut child = Command::new(hearth())
+        .args(["toy-server", "--port", &port.first.to_string()])
         .arg("--read-file")
         .arg(weights)
         .args(["--load-time", &format!("{}ms", load.as_millis())])
@@ -185,7 +171,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this without it: a 2 GiB
     // benchmark is not a test, so skip then.
-    if !std::env::args().any(|a| a == "--bench") {
+    if !bench_full() {
         println!("prefetch benchmark: run it with `cargo bench --bench prefetch`");
         return;
     }
@@ -324,6 +310,6 @@ fn run_cases(weights: &Path, bytes: u64, how: Evict, load: Duration, rounds: usi
 /// and records the weights' residency.
 fn cold(weights: &Path, how: Evict, resident_before: &mut Vec<f64>) {
     evict(weights, how);
-    let _ = std::fs::read(HEARTH);
+    let _ = std::fs::read(hearth());
     resident_before.push(resident(weights));
 }

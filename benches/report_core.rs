@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use hearth::config::Config;
 use hearth::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, Time};
 use hearth::protocol::{Report, Request};
+use testkit::bench_full;
 
 const CONFIG: &str = r#"
 [daemon]
@@ -117,7 +118,7 @@ fn report(replica: Option<&str>) -> Request {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = bench_full();
     let rates: &[u64] = if full {
         &[100, 1_000, 3_000, 10_000, 30_000, 100_000]
     } else {

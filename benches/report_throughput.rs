@@ -24,28 +24,18 @@
 //! Run: `cargo bench --bench report_throughput` (`-- --seconds S --clients N --depth N
 //! --threads N`). Without `--bench` it is a smoke run: 16 clients, 1 s per variant.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use serde_json::json;
+use testkit::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 const GOAL_RATE: f64 = 100_000.0;
 const GOAL_P99_MS: f64 = 1.0;
-
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1)?.parse().ok()
-}
 
 /// What one client measured: acknowledgement latencies in µs.
 struct ClientResult {
@@ -248,17 +238,21 @@ fn run(
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let secs = arg("--seconds").unwrap_or(if full { 10.0 } else { 1.0 });
-    let clients = arg("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
-    let depth = arg("--depth").unwrap_or(8.0) as usize;
-    let threads = arg("--threads").unwrap_or(2.0) as usize;
+    let full = bench_full();
+    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 10.0 } else { 1.0 });
+    let clients = bench_arg::<f64>("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
+    let depth = bench_arg::<f64>("--depth").unwrap_or(8.0) as usize;
+    let threads = bench_arg::<f64>("--threads").unwrap_or(2.0) as usize;
     println!(
         "report_throughput: {clients} clients, one connection each, {secs} s per variant; client \
          runtime: tokio, {threads} worker threads, in this process, sharing the machine's CPUs \
-         with the daemon; binary {HEARTH}"
+         with the daemon; binary {}",
+        hearth().display()
     );
-    let d = Daemon::start(&[ModelSpec::toy("tp", &["--service-time", "10ms"]).scale(2, 2, 0)]);
+    let d = Daemon::builder()
+        .ports(12)
+        .model(Model::toy("tp", &["--service-time", "10ms"]).scale(2, 2, 0))
+        .start();
     let routed = wait_until("2 routed", Duration::from_secs(60), || {
         let r = d.in_state("tp", "routed");
         (r.len() == 2).then_some(r)
@@ -284,7 +278,7 @@ fn main() {
         .build()
         .unwrap();
     let rss0 = rss_kib(d.pid()).unwrap_or(0);
-    let paced_rate = arg("--paced").unwrap_or(25_600.0);
+    let paced_rate = bench_arg::<f64>("--paced").unwrap_or(25_600.0);
     for (depth, paced) in [(1, None), (depth, None), (1, Some(paced_rate))] {
         let load = machine_load();
         let v = Variant {

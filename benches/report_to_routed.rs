@@ -25,27 +25,17 @@
 //! Run: `cargo bench --bench report_to_routed` (`-- --trials N --reset calm|scale`). Without
 //! `--bench` (as `cargo test --all-targets` runs it) it is a smoke run: 3 models, 6 trials.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use serde_json::json;
+use testkit::*;
 
 const GOAL_P99_MS: f64 = 5.0;
 /// The core's minimum time between two up-steps of one model, plus a margin.
 const SETTLE: Duration = Duration::from_millis(2100);
 /// A replica start this close before a trial counts as overlapping it.
 const OVERLAP: Duration = Duration::from_millis(30);
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -68,43 +58,36 @@ fn stats(label: &str, v: &[f64]) -> String {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = bench_full();
     let (models, trials) = if full {
-        (
-            20,
-            arg("--trials").and_then(|t| t.parse().ok()).unwrap_or(200),
-        )
+        (20, bench_arg("--trials").unwrap_or(200))
     } else {
         (3, 6)
     };
-    let reset = arg("--reset").unwrap_or_else(|| "calm".into());
+    let reset = bench_arg::<String>("--reset").unwrap_or_else(|| "calm".into());
     assert!(
         reset == "calm" || reset == "scale",
         "--reset calm or --reset scale"
     );
     let names: Vec<String> = (0..models).map(|i| format!("m{i:02}")).collect();
-    let specs: Vec<ModelSpec> = names
-        .iter()
-        .map(|n| {
-            let mut s = ModelSpec::toy(n, &["--service-time", "10ms"]).scale(1, 2, 1);
-            s.stop_grace = "1s";
-            s.down_stabilization = "1s";
-            s.down_step = "1s";
-            s
-        })
-        .collect();
+    let specs = names.iter().map(|n| {
+        let mut s = Model::toy(n, &["--service-time", "10ms"])
+            .scale(1, 2, 1)
+            .stop_grace("1s");
+        s.scaling.down_stabilization = Some("1s".into());
+        s.scaling.down_step = Some("1s".into());
+        s
+    });
     println!(
         "report_to_routed: {models} models (min 1, warm_pool 1, max 2, toy replicas), {trials} \
-         trials, reset by {reset}; binary {HEARTH}"
+         trials, reset by {reset}; binary {}",
+        hearth().display()
     );
     println!("machine at start: {}", machine_load());
-    let d = Daemon::start_with(
-        DaemonOpts {
-            ports: (models * 3 + 8) as u16,
-            ..Default::default()
-        },
-        &specs,
-    );
+    let d = Daemon::builder()
+        .ports((models * 3 + 8) as u16)
+        .models(specs)
+        .start();
     let ready = |m: &serde_json::Value| {
         m["routed"] == 1 && m["warm"] == 1 && m["starting"] == 0 && m["pending"] == 0
     };

@@ -14,13 +14,10 @@
 //! Options after `--`: `--seconds-scale X` stretches the phases (default 1.0), `--hold-ms N`
 //! the slot time per request (default 300).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{port_range, real_model_dir, tokens_for, Daemon, LlamaModel};
+use testkit::{bench_arg, llama_complete, tokens_for, Daemon, Model};
 
 const MODEL: &str = "tiny";
 
@@ -52,14 +49,6 @@ impl Rng {
     fn exp(&mut self, rate: f64) -> Duration {
         Duration::from_secs_f64(-(1.0 - self.next_f64()).ln() / rate)
     }
-}
-
-fn arg(name: &str) -> Option<f64> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
 }
 
 async fn streamed(
@@ -130,22 +119,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let scale = arg("--seconds-scale").unwrap_or(1.0);
-    let hold = Duration::from_millis(arg("--hold-ms").unwrap_or(300.0) as u64);
-    let real = real_model_dir();
-    let ports = port_range(10);
-    let model = LlamaModel {
-        name: MODEL,
-        parallel: 1,
-        ctx: 2048,
-        min: 1,
-        max: 1,
-        warm_pool: 0,
-        target_wait: "500ms",
-        interval: "250ms",
-    };
-    let daemon = Daemon::start(&real, |dir| model.config(&real, dir, ports));
-    let status = daemon.wait_for(MODEL, Duration::from_secs(90), |m| m["routed"] == 1);
+    let scale = bench_arg::<f64>("--seconds-scale").unwrap_or(1.0);
+    let hold = Duration::from_millis(bench_arg::<f64>("--hold-ms").unwrap_or(300.0) as u64);
+    let daemon = Daemon::builder()
+        .tick("100ms")
+        .model(Model::llama_one_slot(MODEL))
+        .start();
+    let status = daemon.wait_model(MODEL, "routed", Duration::from_secs(90), |m| {
+        m["routed"] == 1
+    });
     let addr = status["replicas"]
         .as_array()
         .and_then(|rs| rs.iter().find(|r| r["state"] == "routed"))
@@ -158,18 +140,17 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let http = support::http();
-    let n_predict = rt.block_on(tokens_for(&http, &addr, hold, 1900));
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("HTTP client");
+    let n_predict = tokens_for(&addr, hold, 1900);
     // Measure the service rate the phases are scaled to: a few requests back to back.
-    let mu = rt.block_on(async {
-        let started = Instant::now();
-        for _ in 0..4 {
-            support::complete(&http, &addr, n_predict)
-                .await
-                .expect("calibration");
-        }
-        4.0 / started.elapsed().as_secs_f64()
-    });
+    let started = Instant::now();
+    for _ in 0..4 {
+        llama_complete(&addr, n_predict).expect("calibration");
+    }
+    let mu = 4.0 / started.elapsed().as_secs_f64();
     let phases = [
         ("under", 6.0 * scale, 0.6 * mu),
         ("over", 8.0 * scale, 1.6 * mu),
@@ -200,7 +181,7 @@ fn main() {
                 let mut last: Option<Instant> = None;
                 while Instant::now() < end + Duration::from_secs(3) {
                     let polled = Instant::now();
-                    let s = daemon.status(MODEL);
+                    let s = daemon.model(MODEL);
                     let sig = &s["signal"];
                     if let (Some(w), Some(age), Some(d)) = (
                         sig["oldest_wait_ms"].as_f64(),

@@ -12,9 +12,6 @@
 //! cargo bench's `--bench` argument (`cargo test --all-targets`), it is a quick smoke run with 4
 //! replicas.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -22,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 
 /// Replicas per round (with `--bench`; a smoke run has 4).
 const REPLICAS: u32 = 20;
@@ -89,31 +86,18 @@ impl Poller {
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    // Nearest rank.
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
-
 /// One daemon with `n` replicas; returns (replica, load time ms, delay ms) for each.
 fn round(n: u32) -> Vec<(String, u64, f64)> {
     // Replica N loads for 1000 + 100·(N−1) ms: 1.0 s … 2.9 s, one model, min = max = n.
-    let mut m = ModelSpec::toy("w", &[]).scale(n, n, 0);
-    m.command = vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        format!(
-            "n=${{HEARTH_REPLICA##*-}}; exec '{HEARTH}' toy-server --port {{port}} \
-             --service-time 0s --concurrency 4 --load-time $((1000 + (n - 1) * 100))ms"
-        ),
-    ];
-    let d = Daemon::start_with(
-        DaemonOpts {
-            ports: n as u16 + 4,
-            ..Default::default()
-        },
-        &[m],
+    let script = format!(
+        "n=${{HEARTH_REPLICA##*-}}; exec '{}' toy-server --port {{port}} --service-time 0s \
+         --concurrency 4 --load-time $((1000 + (n - 1) * 100))ms",
+        hearth().display()
     );
+    let m = Model::toy("w", &[])
+        .scale(n, n, 0)
+        .command(&["/bin/sh", "-c", &script]);
+    let d = Daemon::builder().ports(n as u16 + 4).model(m).start();
     let w = d.watch(Some("w"));
 
     // Poll every port of the daemon's range: the replicas take ports from it.
@@ -195,15 +179,12 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let n = if std::env::args().any(|a| a == "--bench") {
-        REPLICAS
-    } else {
-        4
-    };
+    let n = if bench_full() { REPLICAS } else { 4 };
     println!(
-        "warm_delay: {n} toy replicas, load times 1.0–{:.1} s, polled every {} ms; binary {HEARTH}",
+        "warm_delay: {n} toy replicas, load times 1.0–{:.1} s, polled every {} ms; binary {}",
         1.0 + 0.1 * (n - 1) as f64,
-        POLL_EVERY.as_millis()
+        POLL_EVERY.as_millis(),
+        hearth().display()
     );
     let mut all = Vec::new();
     for r in 0..rounds {

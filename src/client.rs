@@ -7,7 +7,7 @@ use serde_json::Value;
 use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LinesCodec};
 
-use crate::protocol::{self, Request};
+use crate::protocol::{self, Answer, Request};
 
 /// `--socket`, then `HEARTH_SOCKET`, then the default path.
 pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
@@ -17,7 +17,10 @@ pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no daemon at {path}: {source}")]
+    #[error(
+        "no daemon at {path} ({source}); is `hearth daemon` running? For a daemon listening \
+         elsewhere, set HEARTH_SOCKET=PATH or pass --socket PATH"
+    )]
     NoDaemon {
         path: PathBuf,
         source: std::io::Error,
@@ -45,22 +48,40 @@ impl Client {
         })
     }
 
+    /// Sends `req` and reads its answer as JSON, whatever its shape.
     pub async fn call(&mut self, req: &Request) -> Result<Value, ClientError> {
+        let line = self.request(req).await?;
+        serde_json::from_str(&line).map_err(|e| ClientError::Lost(format!("{e}: {line}")))
+    }
+
+    /// Sends `req` and reads its answer.
+    pub async fn ask(&mut self, req: &Request) -> Result<Answer, ClientError> {
+        let line = self.request(req).await?;
+        protocol::decode_answer(&line)
+            .map_err(|e| ClientError::Lost(format!("not an answer ({e}): {line}")))
+    }
+
+    async fn request(&mut self, req: &Request) -> Result<String, ClientError> {
         let line = serde_json::to_string(req).map_err(|e| ClientError::Lost(e.to_string()))?;
         self.framed
             .send(line)
             .await
             .map_err(|e| ClientError::Lost(e.to_string()))?;
-        self.next()
+        self.next_line()
             .await
             .ok_or_else(|| ClientError::Lost("the daemon closed the connection".into()))
     }
 
     /// The next line from the daemon (watch events), None when it closed.
-    pub async fn next(&mut self) -> Option<Value> {
+    pub async fn next_line(&mut self) -> Option<String> {
         match self.framed.next().await {
-            Some(Ok(line)) => serde_json::from_str(&line).ok(),
+            Some(Ok(line)) => Some(line),
             _ => None,
         }
+    }
+
+    /// The next line from the daemon as JSON, None when it closed (or sent something else).
+    pub async fn next(&mut self) -> Option<Value> {
+        serde_json::from_str(&self.next_line().await?).ok()
     }
 }

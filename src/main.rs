@@ -3,28 +3,26 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use hearth::agent::{control, daemon::Daemon, inventory, logging, metrics, notify::Notifier};
 use hearth::cli::{client_verb, Cli, Command};
-use hearth::config::Config;
+use hearth::config::{Checks, Config};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
+    let socket = cli.socket_path();
     match cli.command {
         Command::Daemon { config } => daemon(&config),
-        Command::CheckConfig { file } => match Config::load(&file) {
-            Ok(cfg) => {
-                println!("{}: ok ({} model(s))", file.display(), cfg.models.len());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(1)
-            }
-        },
+        Command::CheckConfig { file, no_binaries } => {
+            let checks = if no_binaries {
+                Checks::Deployment
+            } else {
+                Checks::Host
+            };
+            check_config(&file, checks)
+        }
         Command::ToyServer(args) => {
             let rt = runtime();
             match rt.block_on(hearth::toy_server::run(args)) {
@@ -36,7 +34,30 @@ fn main() -> ExitCode {
             }
         }
         Command::Simulate(args) => hearth::sim::main(args),
-        other => runtime().block_on(client_verb(other, cli.socket)),
+        other => runtime().block_on(client_verb(other, socket)),
+    }
+}
+
+/// `hearth check-config`: what the daemon would accept (less the programs, with `--no-binaries`).
+fn check_config(file: &Path, checks: Checks) -> ExitCode {
+    match Config::load_with(file, checks) {
+        Ok(cfg) => {
+            let unchecked = if checks < Checks::Host {
+                "; commands not looked up"
+            } else {
+                ""
+            };
+            println!(
+                "{}: ok ({} model(s){unchecked})",
+                file.display(),
+                cfg.models.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -10,6 +10,12 @@ const DURATION_FORM: &str =
 /// Parse a duration such as "250ms", "30s", "5m", "2h", "1.5s" or "1m30s". A bare "0" is zero:
 /// it needs no unit to be unambiguous; any other number without a unit is an error.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_duration_with(s, false)
+}
+
+/// [`parse_duration`], and with `fine` also "us" and "ns": what [`format_duration`] writes for
+/// a sub-millisecond part. People never need those units; state hearth writes and reads back does.
+fn parse_duration_with(s: &str, fine: bool) -> Result<Duration, String> {
     let bad = |why: &str| format!("invalid duration {s:?}: {why}; {DURATION_FORM}");
     let text = s.trim();
     if text.is_empty() {
@@ -39,6 +45,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let nanos_per_unit: u128 = match unit {
+            "ns" if fine => 1,
+            "us" if fine => 1_000,
             "ms" => 1_000_000,
             "s" => 1_000_000_000,
             "m" => 60_000_000_000,
@@ -82,7 +90,8 @@ fn scaled(num: &str, unit: u128) -> Option<u128> {
 }
 
 /// A compact human form of `d`: "250ms", "30s", "5m", "1h30m", "1s500ms"; "0s" for zero.
-/// The result parses back with [`parse_duration`] (sub-millisecond parts aside).
+/// The result parses back with [`parse_duration`] (sub-millisecond parts aside), and exactly
+/// with [`duration_text`]'s reader.
 pub fn format_duration(d: Duration) -> String {
     if d.is_zero() {
         return "0s".to_string();
@@ -98,7 +107,7 @@ pub fn format_duration(d: Duration) -> String {
         }
     }
     if sub_ms > 0 {
-        if sub_ms % 1000 == 0 {
+        if sub_ms.is_multiple_of(1000) {
             out.push_str(&format!("{}us", sub_ms / 1000));
         } else {
             out.push_str(&format!("{sub_ms}ns"));
@@ -150,6 +159,24 @@ pub fn short_duration(d: Duration) -> String {
         format!("{}ms", d.as_millis())
     } else {
         format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// A `Duration` in serde as [`format_duration`] writes it ("30s", "1m30s"), read back exactly:
+/// `#[serde(with = "crate::units::duration_text")]`. For state hearth persists, so that it reads
+/// the way the configuration file does.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(d)?;
+        super::parse_duration_with(&text, true).map_err(serde::de::Error::custom)
     }
 }
 
@@ -213,6 +240,35 @@ mod tests {
             assert_eq!(parse_duration(want), Ok(d), "round trip {want}");
         }
         assert_eq!(format_duration(Duration::from_micros(1500)), "1ms500us");
+    }
+
+    #[test]
+    fn duration_text_round_trips_exactly() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct T(#[serde(with = "duration_text")] Duration);
+        for d in [
+            Duration::ZERO,
+            Duration::from_millis(250),
+            Duration::from_secs(5400),
+            Duration::from_micros(1500),
+            Duration::from_nanos(1_000_000_007),
+            Duration::new(3661, 999_999_999),
+            Duration::MAX,
+        ] {
+            let text = serde_json::to_string(&T(d)).unwrap();
+            assert_eq!(text, format!("{:?}", format_duration(d)));
+            assert_eq!(serde_json::from_str::<T>(&text).unwrap(), T(d), "{text}");
+        }
+        assert_eq!(
+            serde_json::to_string(&T(Duration::from_secs(90))).unwrap(),
+            "\"1m30s\""
+        );
+        for bad in ["\"\"", "\"10\"", "\"-1s\"", "30", "\"5x\""] {
+            assert!(serde_json::from_str::<T>(bad).is_err(), "{bad}");
+        }
+        // The fine units are for state hearth writes, not for people.
+        assert!(parse_duration("5us").is_err());
+        assert!(parse_duration("5ns").is_err());
     }
 
     #[test]

@@ -1,44 +1,30 @@
 //! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL, and
 //! configuration errors that stop it before anything starts.
 
-mod common;
-
-use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::procs::{alive, group_members};
+use testkit::status::pid;
+use testkit::*;
 
 /// Starts 2 routed + 1 warm toy replicas and returns their pids once they are all up.
 fn three_replicas(d: &Daemon) -> Vec<i32> {
-    wait_until("2 routed + 1 warm", Duration::from_secs(20), || {
-        let m = d.model("toy");
-        (m["routed"] == 2 && m["warm"] == 1 && m["starting"] == 0 && m["pending"] == 0)
-            .then_some(())
-    });
-    let mut pids: Vec<i32> = d
-        .replicas("toy")
-        .iter()
-        .map(|r| r["pid"].as_i64().unwrap() as i32)
-        .collect();
+    d.wait_settled("toy", 2, 1, Duration::from_secs(20));
+    let mut pids: Vec<i32> = d.replicas("toy").iter().map(pid).collect();
     pids.sort();
     // The environment mark finds exactly these: the harness's sweep relies on it.
-    let mut marked = d.children();
-    marked.sort();
-    assert_eq!(
-        marked, pids,
-        "processes carrying the daemon's HEARTH_SOCKET"
-    );
+    assert_eq!(d.children(), pids, "processes carrying the daemon's mark");
     pids
 }
 
 #[test]
 fn sigterm_stops_every_replica_removes_the_socket_and_exits_0() {
-    let mut d = Daemon::start(&[ModelSpec::toy("toy", &["--load-time", "300ms"])]);
+    let mut d = Daemon::start([Model::toy("toy", &["--load-time", "300ms"])]);
     let pids = three_replicas(&d);
     assert!(d.socket.exists());
 
-    d.signal(libc::SIGTERM);
+    d.signal(Signal::SIGTERM);
     let asked = Instant::now();
     // shutdown_timeout is 10 s: the grace within which every replica must be gone.
     let grace = Duration::from_secs(10);
@@ -71,22 +57,23 @@ fn sigterm_stops_every_replica_removes_the_socket_and_exits_0() {
 
 #[test]
 fn sigkill_of_the_daemon_leaves_no_replica_alive_2s_later() {
-    let mut d = Daemon::start(&[ModelSpec::toy("toy", &["--load-time", "300ms"])]);
+    let mut d = Daemon::start([Model::toy("toy", &["--load-time", "300ms"])]);
     let pids = three_replicas(&d);
 
-    d.signal(libc::SIGKILL);
+    d.signal(Signal::SIGKILL);
     let killed = Instant::now();
     let status = d
         .wait_exit(Duration::from_secs(2))
         .expect("the daemon survived SIGKILL");
-    assert_eq!(status.signal(), Some(libc::SIGKILL));
-    let left = poll_for(
+    assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+    let still = || -> Vec<i32> {
+        let mut v: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        v.extend(d.children());
+        v
+    };
+    let left = poll(
         Duration::from_secs(2).saturating_sub(killed.elapsed()),
-        || {
-            let mut alive_now: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
-            alive_now.extend(d.children());
-            alive_now.is_empty().then_some(())
-        },
+        || still().is_empty().then_some(()),
     );
     eprintln!(
         "no replica alive {:?} after SIGKILL of the daemon",
@@ -95,27 +82,20 @@ fn sigkill_of_the_daemon_leaves_no_replica_alive_2s_later() {
     assert!(
         left.is_some(),
         "2 s after SIGKILL of the daemon, still alive: {:?} (replicas were {pids:?})",
-        pids.iter()
-            .copied()
-            .filter(|p| alive(*p))
-            .chain(d.children())
-            .collect::<Vec<_>>()
+        still()
     );
 }
 
 /// A model whose command leaves a mark when it runs: if the daemon starts anything, it shows.
-fn marked_model(marker: &std::path::Path) -> ModelSpec {
-    let mut m = ModelSpec::toy("toy", &[]).scale(1, 2, 0);
-    m.command = vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        format!(
-            "touch '{}'; exec '{}' toy-server --port {{port}}",
-            marker.display(),
-            HEARTH
-        ),
-    ];
-    m
+fn marked_model(marker: &std::path::Path) -> Model {
+    let script = format!(
+        "touch '{}'; exec '{}' toy-server --port {{port}}",
+        marker.display(),
+        hearth().display()
+    );
+    Model::toy("toy", &[])
+        .scale(1, 2, 0)
+        .command(&["/bin/sh", "-c", &script])
 }
 
 /// 1-based line of the first line of `text` that starts with `prefix`.
@@ -124,6 +104,23 @@ fn line_of(text: &str, prefix: &str) -> usize {
         .position(|l| l.trim_start().starts_with(prefix))
         .map(|i| i + 1)
         .unwrap_or_else(|| panic!("no line starting with {prefix:?} in\n{text}"))
+}
+
+/// A daemon about to start `marked_model`, with its configuration edited by `edit`: the
+/// configuration's path, what `check-config` says about it, and the marker's path.
+fn check_config(
+    edit: impl FnOnce(String) -> String,
+) -> (Home, Launch, CliOutput, std::path::PathBuf) {
+    let b = Daemon::builder().ports(4);
+    let marker = b.dir().join("replica-ran");
+    let (home, launch) = b.model(marked_model(&marker)).prepare();
+    let good = home.config_text();
+    let text = edit(good.clone());
+    std::fs::write(&home.config_path, &text).unwrap();
+    let mut cmd = std::process::Command::new(hearth());
+    cmd.arg("check-config").arg(&home.config_path);
+    let out = run(&mut cmd, Duration::from_secs(30));
+    (home, launch, out, marker)
 }
 
 #[test]
@@ -149,45 +146,33 @@ fn a_bad_config_exits_1_naming_the_line_and_starts_nothing() {
         },
     ];
     for case in cases {
-        let dir = tempfile::Builder::new()
-            .prefix("hearth-it-")
-            .tempdir()
-            .unwrap();
-        let marker = dir.path().join("replica-ran");
-        let ports = free_ports(4);
-        let good = config_text(
-            dir.path(),
-            ports,
-            &DaemonOpts::default(),
-            &[marked_model(&marker)],
+        let (home, launch, out, marker) = check_config(|good| {
+            let bad = (case.edit)(good.clone());
+            assert_ne!(bad, good, "{}: the edit did not apply", case.what);
+            bad
+        });
+        let bad = std::fs::read_to_string(&home.config_path).unwrap();
+        let want = format!(
+            "{}:{}:",
+            home.config_path.display(),
+            line_of(&bad, case.line_prefix)
         );
-        let bad = (case.edit)(good.clone());
-        assert_ne!(bad, good, "{}: the edit did not apply", case.what);
-        let path = dir.path().join("config.toml");
-        fs::write(&path, &bad).unwrap();
-        let line = line_of(&bad, case.line_prefix);
-        let want = format!("{}:{line}:", path.display());
-
-        let out = std::process::Command::new(HEARTH)
-            .arg("check-config")
-            .arg(&path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             out.status.code(),
             Some(1),
-            "{}: check-config: {stderr}",
-            case.what
+            "{}: check-config: {}",
+            case.what,
+            out.stderr
         );
         assert!(
-            stderr.contains(&want) && stderr.contains(case.key),
-            "{}: check-config should name {want} and {}: {stderr}",
+            out.stderr.contains(&want) && out.stderr.contains(case.key),
+            "{}: check-config should name {want} and {}: {}",
             case.what,
-            case.key
+            case.key,
+            out.stderr
         );
 
-        let mut d = Daemon::spawn(dir, path.clone(), ports);
+        let mut d = launch.spawn(home);
         let status = d
             .wait_exit(Duration::from_secs(10))
             .expect("the daemon kept running with a bad configuration");
@@ -206,33 +191,15 @@ fn a_bad_config_exits_1_naming_the_line_and_starts_nothing() {
 
     // The same file, corrected, passes check-config; and the marker does show a started replica
     // (so its absence above means something).
-    let dir = tempfile::Builder::new()
-        .prefix("hearth-it-")
-        .tempdir()
-        .unwrap();
-    let marker = dir.path().join("replica-ran");
-    let ports = free_ports(4);
-    let good = config_text(
-        dir.path(),
-        ports,
-        &DaemonOpts::default(),
-        &[marked_model(&marker)],
-    );
-    let path = dir.path().join("config.toml");
-    fs::write(&path, &good).unwrap();
-    let out = std::process::Command::new(HEARTH)
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let (home, launch, out, marker) = check_config(|good| good);
     assert_eq!(
         out.status.code(),
         Some(0),
         "check-config of the good file: {}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
-    let mut d = Daemon::spawn(dir, path, ports);
+    assert!(out.stdout.contains("ok"));
+    let mut d = launch.spawn(home);
     wait_until("the marked replica runs", Duration::from_secs(10), || {
         marker.exists().then_some(())
     });

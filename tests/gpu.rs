@@ -3,16 +3,49 @@
 //! priority reclaim after a reload, weight prefetch; and the GPU monitor's shell path (pgid
 //! mapping, XIDs, memory) driven by a scripted source in an in-process daemon.
 
-mod gpu_support;
-
-use std::process::{Command, Stdio};
 use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gpu_support::*;
-use serde_json::{json, Value};
+use testkit::procs::{alive, env_var};
+use testkit::status::{gpus as gpus_of, id, in_state, model, pid, replicas};
+use testkit::*;
 
 const LONG: Duration = Duration::from_secs(60);
+const GIB: u64 = 1 << 30;
+
+/// A toy model on one GPU with `mem_gib` of its memory, packed, at `priority`; its warm-up is a
+/// real completion, its liveness /health every second.
+fn toy(name: &str, mem_gib: u64, priority: i32, (min, max, pool): (u32, u32, u32)) -> Model {
+    let mut m = Model::toy(name, &["--load-time", "200ms", "--service-time", "10ms"])
+        .gpus(1, &format!("{mem_gib}GiB"))
+        .scale(min, max, pool)
+        .stop_grace("5s")
+        .startup_timeout("30s")
+        .liveness("1s", "1s", 3)
+        .drain_timeout("10s");
+    m.placement = Some("pack".into());
+    m.priority = Some(priority);
+    m.scaling.target_wait = None;
+    m.scaling.down_stabilization = None;
+    m.scaling.down_step = None;
+    m
+}
+
+/// A daemon with `devices` (uuid, memory) declared for `backend`.
+fn gpu_daemon(backend: &str, devices: &[(&str, &str)]) -> DaemonBuilder {
+    Daemon::builder()
+        .tick("50ms")
+        .gpus(backend, devices)
+        .ports(10)
+}
+
+/// Replicas of `name` in `state`: (id, pid, GPU uuids).
+fn placed(status: &Value, name: &str, state: &str) -> Vec<(String, i32, Vec<String>)> {
+    in_state(status, name, state)
+        .iter()
+        .map(|r| (id(r), pid(r), gpus_of(r)))
+        .collect()
+}
 
 fn nvml_present() -> bool {
     hearth::agent::nvml::NvmlInventory::open().is_ok()
@@ -24,10 +57,12 @@ fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
         eprintln!("NVML is usable on this host: the fallback cannot be shown here");
         return;
     }
-    let env = Env::new((31300, 31309));
-    env.write_config(&env.config("auto", &[("GPU-static-a", 80), ("GPU-static-b", 40)], ""));
-    let d = Daemon::start(env);
-    let g = gpus(&d.socket());
+    let d = gpu_daemon(
+        "auto",
+        &[("GPU-static-a", "80GiB"), ("GPU-static-b", "40GiB")],
+    )
+    .start();
+    let g = d.gpus();
     let uuids: Vec<&str> = g.iter().filter_map(|g| g["uuid"].as_str()).collect();
     assert_eq!(uuids, vec!["GPU-static-a", "GPU-static-b"]);
     assert_eq!(g[1]["memory_total"], 40 * GIB);
@@ -36,7 +71,7 @@ fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
         Value::Null,
         "no NVML: memory use unknown"
     );
-    let log = wait_for("the inventory line in the log", LONG, || {
+    let log = wait_until("the inventory line in the log", LONG, || {
         let log = d.log();
         log.contains("GPU inventory").then_some(log)
     });
@@ -48,8 +83,7 @@ fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
         log.contains("libnvidia-ml") || log.contains("driver") || log.contains("permission"),
         "the log names the reason:\n{log}"
     );
-    let (st, out, err) = cli(&d.socket(), &["gpus"]);
-    assert!(st.success(), "{err}");
+    let out = d.cli_ok(&["gpus"]);
     assert!(
         out.contains("GPU-static-a") && out.contains("FOREIGN"),
         "{out}"
@@ -62,35 +96,27 @@ fn backend_nvml_without_nvml_exits_1_and_says_so() {
         eprintln!("NVML is usable on this host: backend = \"nvml\" would start");
         return;
     }
-    let env = Env::new((31310, 31319));
-    env.write_config(&env.config("nvml", &[("GPU-static-a", 80)], ""));
-    let mut child = Command::new(HEARTH)
-        .args(["daemon", "--config"])
-        .arg(env.config_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn hearth daemon");
-    let status = wait_for("the daemon to exit", LONG, || child.try_wait().unwrap());
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut d = gpu_daemon("nvml", &[("GPU-static-a", "80GiB")]).spawn();
+    let status = d.wait_exit(LONG).expect("the daemon to exit");
+    let stderr = d.log();
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(
         stderr.contains("backend = \"nvml\"") && stderr.contains("NVML"),
         "the message says NVML is what is missing: {stderr}"
     );
-    assert!(!env.socket().exists(), "nothing bound");
+    assert!(!d.socket.exists(), "nothing bound");
 }
 
 #[test]
 fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_below_min() {
-    let env = Env::new((31100, 31149));
-    let models = toy_model("m", 30, 0, "min = 2\nmax = 4\nwarm_pool = 0");
-    env.write_config(&env.config("static", &[("GPU-test-0", 80), ("GPU-test-1", 80)], &models));
-    let d = Daemon::start(env);
+    let d = gpu_daemon(
+        "static",
+        &[("GPU-test-0", "80GiB"), ("GPU-test-1", "80GiB")],
+    )
+    .model(toy("m", 30, 0, (2, 4, 0)))
+    .start();
     let before = d.wait_status("2 routed replicas", LONG, |st| {
-        let r = replicas(st, "m", "routed");
+        let r = placed(st, "m", "routed");
         (r.len() == 2).then_some(r)
     });
     for (id, pid, gpus) in &before {
@@ -100,30 +126,27 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
             "pack: both on device 0"
         );
         assert_eq!(
-            environ(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
+            env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
             Some("GPU-test-0"),
             "{id} sees its device by UUID"
         );
         assert_eq!(
-            environ(*pid, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+            env_var(*pid, "NVIDIA_VISIBLE_DEVICES").as_deref(),
             Some("GPU-test-0")
         );
     }
-    let g = gpus(&d.socket());
+    let g = d.gpus();
     assert_eq!(g[0]["memory_reserved"], 60 * GIB);
     assert_eq!(g[0]["replicas"].as_array().unwrap().len(), 2);
 
-    let watch = Watch::open(&d.socket(), Some("m"));
-    let (st, _, err) = cli(
-        &d.socket(),
-        &["cordon", "0", "--evacuate", "--reason", "maintenance"],
-    );
-    assert!(st.success(), "cordon: {err}");
+    let watch = d.watch(Some("m"));
+    d.cli_ok(&["cordon", "0", "--evacuate", "--reason", "maintenance"]);
 
-    let old: Vec<String> = before.iter().map(|r| r.0.clone()).collect();
+    let mut old: Vec<String> = before.iter().map(|r| r.0.clone()).collect();
+    old.sort();
     let after = d.wait_status("both replicas moved to device 1", LONG, |st| {
-        let routed = replicas(st, "m", "routed");
-        let all = model(st, "m")["replicas"].as_array().unwrap().len();
+        let routed = placed(st, "m", "routed");
+        let all = replicas(st, "m").len();
         let moved = routed.len() == 2
             && all == 2
             && routed
@@ -133,7 +156,7 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
     });
     for (id, pid, _) in &after {
         assert_eq!(
-            environ(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
+            env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
             Some("GPU-test-1"),
             "{id}"
         );
@@ -147,42 +170,35 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
         "routed never below min = 2: {sets:?}"
     );
     assert_eq!(sets[0], old, "the snapshot is the old set");
-    let mut last = sets.last().unwrap().clone();
-    last.sort();
+    let last = sets.last().unwrap().clone();
     let mut new: Vec<String> = after.iter().map(|r| r.0.clone()).collect();
     new.sort();
     assert_eq!(last, new);
     // The old processes are gone.
     for (_, pid, _) in &before {
-        wait_for("an evacuated replica's process to exit", LONG, || {
-            (!std::path::Path::new(&format!("/proc/{pid}")).exists()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.contains(") Z ")))
-            .then_some(())
+        wait_until("an evacuated replica's process to exit", LONG, || {
+            (!alive(*pid)).then_some(())
         });
     }
 
-    let g = gpus(&d.socket());
+    let g = d.gpus();
     assert_eq!(g[0]["cordoned"], true);
     assert_eq!(g[0]["healthy"], true);
     assert_eq!(g[0]["note"], "maintenance");
     assert_eq!(g[0]["replicas"], json!([]));
     assert_eq!(g[0]["memory_reserved"], 0);
     assert_eq!(g[1]["memory_reserved"], 60 * GIB);
-    let (st, out, _) = cli(&d.socket(), &["gpus"]);
-    assert!(st.success());
+    let out = d.cli_ok(&["gpus"]);
     let row0 = out.lines().find(|l| l.contains("GPU-test-0")).unwrap();
     assert!(row0.contains("maintenance"), "{out}");
-    let (st, out, _) = cli(&d.socket(), &["gpus", "--json"]);
-    assert!(st.success());
+    let out = d.cli_ok(&["gpus", "--json"]);
     let parsed: Vec<Value> = serde_json::from_str(&out).expect("gpus --json is JSON");
     assert_eq!(parsed[0]["cordoned"], true);
     assert!(parsed[0].get("memory_foreign").is_some());
 
     // Uncordon: the device takes replicas again (nothing moves back by itself).
-    let (st, _, err) = cli(&d.socket(), &["uncordon", "GPU-test-0"]);
-    assert!(st.success(), "{err}");
-    let g = gpus(&d.socket());
+    d.cli_ok(&["uncordon", "GPU-test-0"]);
+    let g = d.gpus();
     assert_eq!(
         (g[0]["cordoned"].clone(), g[0]["note"].clone()),
         (json!(false), Value::Null)
@@ -191,44 +207,33 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
 
 #[test]
 fn a_higher_priority_model_added_by_reload_reclaims_a_warm_replica_on_a_full_device() {
-    let env = Env::new((31150, 31199));
-    let low = toy_model("low", 40, 0, "min = 1\nmax = 2\nwarm_pool = 1");
-    env.write_config(&env.config("static", &[("GPU-one", 80)], &low));
-    let d = Daemon::start(env);
+    let mut d = gpu_daemon("static", &[("GPU-one", "80GiB")])
+        .model(toy("low", 40, 0, (1, 2, 1)))
+        .start();
     let (routed, warm) = d.wait_status("low: 1 routed + 1 warm", LONG, |st| {
-        let r = replicas(st, "low", "routed");
-        let w = replicas(st, "low", "warm");
+        let r = placed(st, "low", "routed");
+        let w = placed(st, "low", "warm");
         (r.len() == 1 && w.len() == 1).then_some((r, w))
     });
-    let g = gpus(&d.socket());
+    let g = d.gpus();
     assert_eq!(g[0]["memory_reserved"], 80 * GIB, "the device is full");
 
-    let watch = Watch::open(&d.socket(), Some("low"));
-    let high = toy_model("high", 40, 10, "min = 1\nmax = 1\nwarm_pool = 0");
-    d.env.write_config(
-        &d.env
-            .config("static", &[("GPU-one", 80)], &format!("{low}{high}")),
-    );
-    let (st, _, err) = cli(&d.socket(), &["reload"]);
-    assert!(st.success(), "reload: {err}");
+    let watch = d.watch(Some("low"));
+    d.rewrite_config(|c| c.models.push(toy("high", 40, 10, (1, 1, 0))));
+    d.cli_ok(&["reload"]);
 
     let high_routed = d.wait_status("high routed on the reclaimed GPU", LONG, |st| {
-        let h = replicas(st, "high", "routed");
+        let h = placed(st, "high", "routed");
         (h.len() == 1).then_some(h)
     });
     assert_eq!(high_routed[0].2, vec!["GPU-one".to_string()]);
     let st = d.status();
     assert_eq!(
-        replicas(&st, "low", "routed"),
+        placed(&st, "low", "routed"),
         routed,
         "low's routed replica is untouched"
     );
-    let low_ids: Vec<String> = model(&st, "low")["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["id"].as_str().map(String::from))
-        .collect();
+    let low_ids: Vec<String> = replicas(&st, "low").iter().map(id).collect();
     assert!(
         !low_ids.contains(&warm[0].0),
         "the warm replica was reclaimed: {low_ids:?}"
@@ -248,30 +253,25 @@ fn a_higher_priority_model_added_by_reload_reclaims_a_warm_replica_on_a_full_dev
 
 #[test]
 fn prefetch_reads_the_weights_beside_the_server_start_and_warns_about_missing_files() {
-    let env = Env::new((31250, 31299));
-    let weights = env.dir.path().join("weights");
+    let b = gpu_daemon("static", &[("GPU-p", "80GiB")]);
+    let weights = b.dir().join("weights");
     std::fs::create_dir(&weights).unwrap();
     let file = weights.join("model-00001.safetensors");
     std::fs::write(&file, vec![7u8; 24 << 20]).unwrap();
     let missing = format!("{}/nothing-*.bin", weights.display());
-    let m = toy_model("w", 10, 0, "min = 1\nmax = 1\nwarm_pool = 0")
-        .replace(
-            "\"--load-time\", \"200ms\"",
-            &format!("\"--read-file\", \"{}\"", file.display()),
-        )
-        .replace(
-            "priority = 0",
-            &format!(
-                "priority = 0\nprefetch = [\"{}/*.safetensors\", \"{missing}\"]",
-                weights.display()
-            ),
-        );
-    env.write_config(&env.config("static", &[("GPU-p", 80)], &m));
-    let d = Daemon::start(env);
+    let mut m = toy("w", 10, 0, (1, 1, 0));
+    let load_time = m.command.iter().position(|a| a == "--load-time").unwrap();
+    m.command[load_time] = "--read-file".into();
+    m.command[load_time + 1] = file.display().to_string();
+    m.prefetch = vec![
+        format!("{}/*.safetensors", weights.display()),
+        missing.clone(),
+    ];
+    let d = b.model(m).start();
     d.wait_status("the replica routed", LONG, |st| {
-        (replicas(st, "w", "routed").len() == 1).then_some(())
+        (in_state(st, "w", "routed").len() == 1).then_some(())
     });
-    let log = wait_for("the prefetch lines in the log", LONG, || {
+    let log = wait_until("the prefetch lines in the log", LONG, || {
         let log = d.log();
         log.contains("prefetched").then_some(log)
     });
@@ -363,19 +363,20 @@ mod scripted {
         }
     }
 
-    /// The daemon on a runtime of its own thread; stopped (and its replicas with it) on drop.
+    /// The daemon on a runtime of its own thread, in a testkit home: stopped on drop, and then
+    /// the home's reaper kills whatever it started (the replicas carry the mark in their model's
+    /// `env`).
     pub struct InProcess {
-        pub env: Env,
         stop: tokio::sync::mpsc::Sender<bool>,
         thread: Option<std::thread::JoinHandle<()>>,
-        pub pids: Pids,
+        pub home: Home,
     }
 
     impl InProcess {
-        pub fn start(env: Env, inventory: ScriptedInventory) -> InProcess {
-            let config = hearth::config::Config::load(&env.config_path()).expect("config");
-            let config_path = env.config_path();
-            let socket = env.socket();
+        pub fn start(home: Home, inventory: ScriptedInventory) -> InProcess {
+            let config = hearth::config::Config::load(&home.config_path).expect("config");
+            let config_path = home.config_path.clone();
+            let socket = home.socket.clone();
             let (stop, stop_rx) = tokio::sync::mpsc::channel(4);
             let (_hup, hup_rx) = tokio::sync::mpsc::channel(4);
             let thread = std::thread::spawn(move || {
@@ -402,21 +403,14 @@ mod scripted {
                 });
             });
             let p = InProcess {
-                env,
                 stop,
                 thread: Some(thread),
-                pids: Pids::default(),
+                home,
             };
-            let socket = p.env.socket();
-            wait_for("the in-process daemon's socket", LONG, || {
-                std::os::unix::net::UnixStream::connect(&socket).ok()
+            wait_until("the in-process daemon's socket", LONG, || {
+                Conn::connect(&p.home.socket).ok()
             });
             p
-        }
-        pub fn status(&self) -> Value {
-            let st = status(&self.env.socket());
-            self.pids.note(&st);
-            st
         }
     }
 
@@ -425,15 +419,10 @@ mod scripted {
             let _ = self.stop.try_send(false);
             let _ = self.stop.try_send(true);
             if let Some(t) = self.thread.take() {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !t.is_finished() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                if t.is_finished() {
+                if poll(Duration::from_secs(10), || t.is_finished().then_some(())).is_some() {
                     let _ = t.join();
                 }
             }
-            self.pids.kill_all();
         }
     }
 }
@@ -444,10 +433,10 @@ fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placem
     use hearth::core::GpuDevice;
     use scripted::*;
 
-    let env = Env::new((31200, 31249));
-    let m = toy_model("m", 30, 0, "min = 1\nmax = 2\nwarm_pool = 0");
     // The daemon section comes from the config; the devices from the scripted inventory.
-    env.write_config(&env.config("auto", &[], &m));
+    let (home, _) = gpu_daemon("auto", &[])
+        .model(toy("m", 30, 0, (1, 2, 0)))
+        .prepare();
     let devices: Vec<GpuDevice> = (0..2)
         .map(|i| GpuDevice {
             index: i,
@@ -459,24 +448,19 @@ fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placem
         })
         .collect();
     let (feed, rx) = std_mpsc::channel();
-    let d = InProcess::start(
-        env,
-        ScriptedInventory {
-            devices,
-            feed: Some(rx),
-        },
-    );
-    let socket = d.env.socket();
+    let inventory = ScriptedInventory {
+        devices,
+        feed: Some(rx),
+    };
+    let p = InProcess::start(home, inventory);
+    let d = &p.home;
     let wait = |what: &str, f: &dyn Fn(&Value) -> bool| {
-        wait_for(what, LONG, || {
-            let st = d.status();
-            f(&st).then_some(st)
-        })
+        d.wait_status(what, LONG, |st| f(st).then(|| st.clone()))
     };
     let st = wait("one routed replica", &|st| {
-        replicas(st, "m", "routed").len() == 1
+        in_state(st, "m", "routed").len() == 1
     });
-    let (id, pid, gpus0) = replicas(&st, "m", "routed").remove(0);
+    let (id, pid, gpus0) = placed(&st, "m", "routed").remove(0);
     assert_eq!(gpus0, vec!["GPU-s-0".to_string()]);
 
     // 50 GiB used on device 0: 20 by the replica's process group, 30 by this test process
@@ -484,11 +468,11 @@ fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placem
     feed.send(Reading::Memory(DeviceMemory {
         uuid: "GPU-s-0".into(),
         used: 50 * GIB,
-        processes: vec![(pid, 20 * GIB), (std::process::id(), 30 * GIB)],
+        processes: vec![(pid as u32, 20 * GIB), (std::process::id(), 30 * GIB)],
     }))
     .unwrap();
-    let g = wait_for("the memory reading in gpus", LONG, || {
-        let g = gpus(&socket);
+    let g = wait_until("the memory reading in gpus", LONG, || {
+        let g = d.gpus();
         (g[0]["memory_used"] == 50 * GIB).then_some(g)
     });
     assert_eq!(g[0]["memory_foreign"], 30 * GIB, "{g:?}");
@@ -504,11 +488,11 @@ fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placem
     feed.send(Reading::Memory(DeviceMemory {
         uuid: "GPU-s-0".into(),
         used: 51 * GIB,
-        processes: vec![(pid, 21 * GIB)],
+        processes: vec![(pid as u32, 21 * GIB)],
     }))
     .unwrap();
-    let g = wait_for("the second memory reading", LONG, || {
-        let g = gpus(&socket);
+    let g = wait_until("the second memory reading", LONG, || {
+        let g = d.gpus();
         (g[0]["memory_used"] == 51 * GIB).then_some(g)
     });
     assert_eq!(g[0]["healthy"], true, "XID 13 leaves the device in service");
@@ -520,13 +504,11 @@ fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placem
     }))
     .unwrap();
     let st = wait("the replica replaced on device 1", &|st| {
-        let routed = replicas(st, "m", "routed");
-        routed.len() == 1
-            && routed[0].2 == vec!["GPU-s-1".to_string()]
-            && model(st, "m")["replicas"].as_array().unwrap().len() == 1
+        let routed = placed(st, "m", "routed");
+        routed.len() == 1 && routed[0].2 == ["GPU-s-1"] && replicas(st, "m").len() == 1
     });
-    assert_ne!(replicas(&st, "m", "routed")[0].0, id);
-    let g = gpus(&socket);
+    assert_ne!(placed(&st, "m", "routed")[0].0, id);
+    let g = d.gpus();
     assert_eq!(g[0]["healthy"], false);
     assert_eq!(g[0]["note"], "critical XID 79");
     assert_eq!(g[0]["replicas"], json!([]));

@@ -1,51 +1,19 @@
 //! Replica lifecycle against the real daemon and real toy-server processes: readiness and the
 //! warm pool, promotion after a crash, warm-up failures, liveness, and operator drains.
 
-mod common;
-
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::*;
-use serde_json::Value;
-
-fn id(r: &Value) -> String {
-    r["id"].as_str().unwrap().to_string()
-}
-
-fn ids(rs: &[Value]) -> Vec<String> {
-    let mut v: Vec<String> = rs.iter().map(id).collect();
-    v.sort();
-    v
-}
-
-fn addr(r: &Value) -> String {
-    r["addr"].as_str().unwrap().to_string()
-}
-
-fn pid(r: &Value) -> i32 {
-    r["pid"].as_i64().unwrap() as i32
-}
-
-/// Waits for `routed` routed and `warm` warm replicas (and nothing starting or pending).
-fn wait_steady(d: &Daemon, model: &str, routed: u64, warm: u64, timeout: Duration) -> Value {
-    wait_until(
-        &format!("{model}: {routed} routed + {warm} warm"),
-        timeout,
-        || {
-            let m = d.model(model);
-            (m["routed"] == routed && m["warm"] == warm && m["starting"] == 0 && m["pending"] == 0)
-                .then_some(m)
-        },
-    )
-}
+use testkit::procs::{alive, signal};
+use testkit::status::{addr, id, ids, pid, replicas_of};
+use testkit::*;
 
 #[test]
 fn replicas_become_routed_and_warm_within_load_time_and_serve() {
     let load = Duration::from_secs(1);
-    let d = Daemon::start(&[ModelSpec::toy(
+    let d = Daemon::start([Model::toy(
         "toy",
         &[
             "--load-time",
@@ -57,7 +25,7 @@ fn replicas_become_routed_and_warm_within_load_time_and_serve() {
         ],
     )]);
     // Poll longer than the limit so a failure says how late it was.
-    let m = wait_steady(&d, "toy", 2, 1, Duration::from_secs(20));
+    let m = d.wait_settled("toy", 2, 1, Duration::from_secs(20));
     let took = d.started.elapsed();
     eprintln!("2 routed + 1 warm {took:?} after the daemon started");
     assert!(
@@ -65,19 +33,18 @@ fn replicas_become_routed_and_warm_within_load_time_and_serve() {
         "2 routed + 1 warm took {took:?} from daemon start; the limit is load time + 2 s"
     );
     assert_eq!(m["health"], "ok", "{m}");
-    let replicas = m["replicas"].as_array().unwrap().clone();
+    let replicas = replicas_of(&m);
     let routed: Vec<Value> = replicas
         .iter()
         .filter(|r| r["state"] == "routed")
         .cloned()
         .collect();
-    let warm: Vec<Value> = replicas
-        .iter()
-        .filter(|r| r["state"] == "warm")
-        .cloned()
-        .collect();
     assert_eq!(routed.len(), 2, "{m}");
-    assert_eq!(warm.len(), 1, "{m}");
+    assert_eq!(
+        replicas.iter().filter(|r| r["state"] == "warm").count(),
+        1,
+        "{m}"
+    );
     // Every replica is a live process on its own port in the daemon's range.
     let mut ports = HashSet::new();
     for r in &replicas {
@@ -88,9 +55,8 @@ fn replicas_become_routed_and_warm_within_load_time_and_serve() {
     }
 
     // `hearth watch` (the CLI) lists the routed set first.
-    let mut watch = Command::new(HEARTH)
-        .args(["watch", "toy", "--socket"])
-        .arg(&d.socket)
+    let mut watch = d
+        .command(&["watch", "toy"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -109,9 +75,9 @@ fn replicas_become_routed_and_warm_within_load_time_and_serve() {
     assert_eq!(ev["event"], "routed", "{ev}");
     assert_eq!(ev["model"], "toy", "{ev}");
     assert_eq!(endpoint_ids(&ev), ids(&routed), "watch: {ev}\nstatus: {m}");
-    for e in ev["endpoints"].as_array().unwrap() {
-        let r = routed.iter().find(|r| r["id"] == e["replica"]).unwrap();
-        assert_eq!(e["addr"], r["addr"], "{ev}");
+    for (replica, a) in endpoints(&ev) {
+        let r = routed.iter().find(|r| id(r) == replica).unwrap();
+        assert_eq!(a, addr(r), "{ev}");
     }
 
     // A watch on the socket says the same.
@@ -122,33 +88,30 @@ fn replicas_become_routed_and_warm_within_load_time_and_serve() {
     assert_eq!(endpoint_ids(&snap.v), ids(&routed), "{}", snap.v);
 
     // Every routed address answers a real completion.
-    for e in ev["endpoints"].as_array().unwrap() {
-        let a = e["addr"].as_str().unwrap();
-        let (code, body) = complete(a, Duration::from_secs(10))
+    for (_, a) in endpoints(&ev) {
+        let r = complete(&a, Duration::from_secs(10))
             .unwrap_or_else(|err| panic!("completion at {a}: {err}"));
-        assert_eq!(code, 200, "{a}: {body}");
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        assert!(v["choices"][0]["text"].is_string(), "{a}: {body}");
+        assert_eq!(r.status, 200, "{a}: {}", r.body);
+        let v: Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
+        assert!(v["choices"][0]["text"].is_string(), "{a}: {}", r.body);
     }
 }
 
 #[test]
 fn kill_9_of_a_routed_replica_promotes_a_warm_one_within_1s_and_refills_the_pool() {
-    let d = Daemon::start(&[ModelSpec::toy("toy", &["--load-time", "500ms"])]);
-    let m = wait_steady(&d, "toy", 2, 1, Duration::from_secs(20));
-    let replicas = m["replicas"].as_array().unwrap().clone();
+    let d = Daemon::start([Model::toy("toy", &["--load-time", "500ms"])]);
+    let replicas = replicas_of(&d.wait_settled("toy", 2, 1, Duration::from_secs(20)));
     let initial: HashSet<String> = replicas.iter().map(id).collect();
     let routed: Vec<&Value> = replicas.iter().filter(|r| r["state"] == "routed").collect();
     let warm_id = id(replicas.iter().find(|r| r["state"] == "warm").unwrap());
-    let victim = routed[0];
-    let (victim_id, victim_pid) = (id(victim), pid(victim));
+    let (victim_id, victim_pid) = (id(routed[0]), pid(routed[0]));
     let survivor = id(routed[1]);
 
     let w = d.watch(Some("toy"));
     w.wait_for(0, Duration::from_secs(5), |v| v["event"] == "routed")
         .expect("routed snapshot");
     let mark = w.len();
-    kill(victim_pid, libc::SIGKILL);
+    signal(victim_pid, Signal::SIGKILL);
     let killed = Instant::now();
 
     let (_, ev) = w
@@ -176,15 +139,12 @@ fn kill_9_of_a_routed_replica_promotes_a_warm_one_within_1s_and_refills_the_pool
             assert_eq!(endpoint_ids(&e.v).len(), 2, "routed set shrank: {}", e.v);
         }
     }
-    let promoted_addr = ev.v["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["replica"] == warm_id.as_str())
-        .map(|e| e["addr"].as_str().unwrap().to_string())
+    let (_, promoted_addr) = endpoints(&ev.v)
+        .into_iter()
+        .find(|(r, _)| *r == warm_id)
         .unwrap();
-    let (code, body) = complete(&promoted_addr, Duration::from_secs(10)).unwrap();
-    assert_eq!(code, 200, "{body}");
+    let r = complete(&promoted_addr, Duration::from_secs(10)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 
     // The pool refills: a new replica becomes warm (after the 1 s restart back-off).
     let (_, refill) = w
@@ -201,11 +161,10 @@ fn kill_9_of_a_routed_replica_promotes_a_warm_one_within_1s_and_refills_the_pool
         replica_event(&victim_id, "gone"),
     )
     .expect("the killed replica is gone");
-    let m = wait_steady(&d, "toy", 2, 1, Duration::from_secs(5));
-    let now: Vec<String> = ids(m["replicas"].as_array().unwrap());
+    let m = d.wait_settled("toy", 2, 1, Duration::from_secs(5));
     let mut want = vec![survivor, warm_id, new_id];
     want.sort();
-    assert_eq!(now, want, "{m}");
+    assert_eq!(ids(&replicas_of(&m)), want, "{m}");
     assert!(!alive(victim_pid), "killed pid {victim_pid} still alive");
 }
 
@@ -220,9 +179,10 @@ fn backoff_secs(reason: &str) -> Option<f64> {
 
 #[test]
 fn failing_warmup_is_never_routed_backs_off_and_reaches_crash_loop() {
-    let mut m = ModelSpec::toy("bad", &["--fail-warmup"]).scale(1, 1, 0);
-    m.startup_timeout = "1s";
-    let d = Daemon::start(&[m]);
+    let m = Model::toy("bad", &["--fail-warmup"])
+        .scale(1, 1, 0)
+        .startup_timeout("1s");
+    let d = Daemon::start([m]);
     let w = d.watch(Some("bad"));
 
     // While starting, the replica says why it is not warm: the warm-up's answer.
@@ -242,9 +202,9 @@ fn failing_warmup_is_never_routed_backs_off_and_reaches_crash_loop() {
     let mut backoffs: Vec<(String, f64)> = Vec::new();
     let last = wait_until("health crash_loop", Duration::from_secs(90), || {
         let m = d.model("bad");
-        for r in m["replicas"].as_array().unwrap() {
+        for r in replicas_of(&m) {
             if let Some(s) = r["reason"].as_str().and_then(backoff_secs) {
-                let rid = id(r);
+                let rid = id(&r);
                 match backoffs.iter_mut().find(|(i, _)| *i == rid) {
                     Some((_, v)) => *v = v.max(s),
                     None => backoffs.push((rid, s)),
@@ -269,17 +229,16 @@ fn failing_warmup_is_never_routed_backs_off_and_reaches_crash_loop() {
             "back-off should double after each failure: {backoffs:?}"
         );
     }
-    let newest = last["replicas"].as_array().unwrap().last().unwrap().clone();
+    let newest = replicas_of(&last).last().unwrap().clone();
     assert!(
         newest["restarts"].as_u64().unwrap() >= 4,
         "restarts should count the failures: {newest}"
     );
 
     // Never warm, never routed.
-    for e in w.events() {
-        let v = &e.v;
+    for v in w.values() {
         if v["event"] == "routed" {
-            assert!(endpoint_ids(v).is_empty(), "routed a failing replica: {v}");
+            assert!(endpoint_ids(&v).is_empty(), "routed a failing replica: {v}");
         }
         if v["event"] == "replica" {
             assert!(
@@ -295,20 +254,11 @@ fn failing_warmup_is_never_routed_backs_off_and_reaches_crash_loop() {
 
 #[test]
 fn a_hung_routed_replica_is_replaced_after_liveness_failures() {
-    let mut m = ModelSpec::toy("hang", &["--hang-after", "3s"]).scale(1, 1, 0);
-    m.liveness = Some(Liveness {
-        interval: "300ms",
-        timeout: "200ms",
-        failures: 3,
-    });
-    m.stop_grace = "1s";
-    let d = Daemon::start_with(
-        DaemonOpts {
-            tick: "100ms",
-            ..Default::default()
-        },
-        &[m],
-    );
+    let m = Model::toy("hang", &["--hang-after", "3s"])
+        .scale(1, 1, 0)
+        .liveness("300ms", "200ms", 3)
+        .stop_grace("1s");
+    let d = Daemon::builder().tick("100ms").model(m).start();
     let w = d.watch(Some("hang"));
     let first = wait_until("hang-1 routed", Duration::from_secs(10), || {
         d.in_state("hang", "routed").into_iter().next()
@@ -327,7 +277,7 @@ fn a_hung_routed_replica_is_replaced_after_liveness_failures() {
             None,
             Duration::from_millis(100),
         ) {
-            Ok((200, _)) => None,
+            Ok(r) if r.status == 200 => None,
             _ => Some(Instant::now()),
         },
     );
@@ -357,12 +307,12 @@ fn a_hung_routed_replica_is_replaced_after_liveness_failures() {
     );
     let (was_routed, _) = w
         .wait_for(0, Duration::from_secs(5), |v| {
-            v["event"] == "routed" && endpoint_ids(v) == vec!["hang-1".to_string()]
+            v["event"] == "routed" && endpoint_ids(v) == ["hang-1"]
         })
         .expect("hang-1 in a routed event");
     let (_, unrouted) = w
         .wait_for(was_routed, Duration::from_secs(10), |v| {
-            v["event"] == "routed" && !endpoint_ids(v).contains(&"hang-1".to_string())
+            v["event"] == "routed" && !endpoint_ids(v).iter().any(|r| r == "hang-1")
         })
         .expect("hang-1 unrouted");
     let after = unrouted.at.saturating_duration_since(hung_at);
@@ -384,7 +334,7 @@ fn a_hung_routed_replica_is_replaced_after_liveness_failures() {
     // A new replica takes its place in the routed set and serves.
     let (_, ev) = w
         .wait_for(0, Duration::from_secs(15), |v| {
-            v["event"] == "routed" && endpoint_ids(v) == vec!["hang-2".to_string()]
+            v["event"] == "routed" && endpoint_ids(v) == ["hang-2"]
         })
         .expect("hang-2 routed");
     // The replacement counts hang-1's end as a failure.
@@ -394,18 +344,16 @@ fn a_hung_routed_replica_is_replaced_after_liveness_failures() {
         .find(|r| r["id"] == "hang-2")
         .expect("hang-2 in status");
     assert_eq!(r2["restarts"], 1, "{r2}");
-    let a = ev.v["endpoints"][0]["addr"].as_str().unwrap().to_string();
-    let (code, body) = complete(&a, Duration::from_secs(5)).unwrap();
-    assert_eq!(code, 200, "{body}");
+    let (_, a) = endpoints(&ev.v).remove(0);
+    let r = complete(&a, Duration::from_secs(5)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 }
 
 #[test]
 fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
-    let m =
-        ModelSpec::toy("dr", &["--service-time", "1500ms", "--concurrency", "8"]).scale(1, 2, 1);
-    let d = Daemon::start(&[m]);
-    let m = wait_steady(&d, "dr", 1, 1, Duration::from_secs(20));
-    let replicas = m["replicas"].as_array().unwrap().clone();
+    let m = Model::toy("dr", &["--service-time", "1500ms", "--concurrency", "8"]).scale(1, 2, 1);
+    let d = Daemon::start([m]);
+    let replicas = replicas_of(&d.wait_settled("dr", 1, 1, Duration::from_secs(20)));
     let target = replicas.iter().find(|r| r["state"] == "routed").unwrap();
     let warm_id = id(replicas.iter().find(|r| r["state"] == "warm").unwrap());
     let (target_id, target_addr, target_pid) = (id(target), addr(target), pid(target));
@@ -415,14 +363,11 @@ fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
     let requests: Vec<_> = (0..4)
         .map(|_| {
             let a = target_addr.clone();
-            std::thread::spawn(move || {
-                let r = complete(&a, Duration::from_secs(20));
-                (r, Instant::now())
-            })
+            std::thread::spawn(move || (complete(&a, Duration::from_secs(20)), Instant::now()))
         })
         .collect();
     wait_until("4 requests running", Duration::from_secs(5), || {
-        let (_, metrics) = http(
+        let r = http(
             &target_addr,
             "GET",
             "/metrics",
@@ -430,19 +375,13 @@ fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
             Duration::from_secs(2),
         )
         .ok()?;
-        metrics
+        r.body
             .lines()
             .any(|l| l.trim() == "toy_requests_running 4")
             .then_some(())
     });
 
-    let out = d.cli(&["drain", &target_id]);
-    assert!(
-        out.status.success(),
-        "hearth drain: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.cli_ok(&["drain", &target_id]);
     w.wait_for(
         0,
         Duration::from_secs(2),
@@ -450,7 +389,7 @@ fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
     )
     .expect("the replica is draining");
     w.wait_for(0, Duration::from_secs(2), |v| {
-        v["event"] == "routed" && endpoint_ids(v) == vec![warm_id.clone()]
+        v["event"] == "routed" && endpoint_ids(v) == [warm_id.clone()]
     })
     .expect("the warm replica routed in the drained one's place");
     assert!(
@@ -461,9 +400,9 @@ fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
     let mut last_done = None::<Instant>;
     for h in requests {
         let (r, at) = h.join().unwrap();
-        let (code, body) = r.expect("a request in flight during the drain failed");
-        assert_eq!(code, 200, "{body}");
-        assert!(body.contains("choices"), "{body}");
+        let r = r.expect("a request in flight during the drain failed");
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body.contains("choices"), "{}", r.body);
         last_done = Some(last_done.map_or(at, |l: Instant| l.max(at)));
     }
     let last_done = last_done.unwrap();
@@ -492,13 +431,12 @@ fn drain_lets_requests_in_flight_finish_then_stops_and_replaces_the_replica() {
                 && v["replica"] != warm_id.as_str()
         })
         .expect("a new warm replica");
-    let m = wait_steady(&d, "dr", 1, 1, Duration::from_secs(5));
+    let m = d.wait_settled("dr", 1, 1, Duration::from_secs(5));
     assert_eq!(m["health"], "ok", "{m}");
-    let now = ids(m["replicas"].as_array().unwrap());
     let mut want = vec![warm_id, refill.v["replica"].as_str().unwrap().to_string()];
     want.sort();
-    assert_eq!(now, want, "{m}");
-    for r in m["replicas"].as_array().unwrap() {
+    assert_eq!(ids(&replicas_of(&m)), want, "{m}");
+    for r in replicas_of(&m) {
         assert_eq!(r["restarts"], 0, "a drain is not a failure: {m}");
     }
 }

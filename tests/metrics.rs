@@ -1,13 +1,11 @@
 //! The Prometheus exposition at `daemon.metrics`: parsed strictly as OpenMetrics text, every
 //! value compared with what `hearth status` says at the same moment.
 
-mod systemd_support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::Value;
-use systemd_support::*;
+use testkit::ports::ports;
+use testkit::*;
 
 #[derive(Debug, Clone)]
 struct Sample {
@@ -166,14 +164,26 @@ fn get(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         .map(|s| s.value)
 }
 
+fn get_metrics(port: u16, path: &str) -> HttpReply {
+    http(
+        &format!("127.0.0.1:{port}"),
+        "GET",
+        path,
+        None,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
 fn scrape(port: u16) -> Vec<Sample> {
-    let (status, content_type, body) = http_get(port, "/metrics").expect("GET /metrics");
-    assert_eq!(status, 200, "{body}");
+    let r = get_metrics(port, "/metrics");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let content_type = r.header("content-type").unwrap_or_default();
     assert!(
         content_type.starts_with("application/openmetrics-text"),
         "{content_type}"
     );
-    parse(&body).unwrap_or_else(|e| panic!("not valid OpenMetrics text: {e}\n{body}"))
+    parse(&r.body).unwrap_or_else(|e| panic!("not valid OpenMetrics text: {e}\n{}", r.body))
 }
 
 /// Replica counts per state, GPU reservations and health, restarts: equal to status.
@@ -245,27 +255,36 @@ fn histogram(samples: &[Sample], model: &str, path: &str) -> (f64, f64, Vec<(f64
 
 #[test]
 fn metrics_equal_status_and_count_what_happened() {
-    let metrics = free_ports(1).0;
-    let mut toy = Toy::new("toy");
+    let port = ports(1);
+    let metrics = port.first;
+    // 2 routed + 1 warm (max 4) of a server that loads for 1 s, 10 GiB of a GPU each; the
+    // test's reports count for a minute and are under target.
+    let mut toy = Model::toy("toy", &["--load-time", "1s"])
+        .scale(2, 4, 1)
+        .gpus(1, "10GiB")
+        .stale_after("1m")
+        .target_wait("10s");
     // The servers' own queue reports would change the signal and the report count under the
     // test: only the test reports.
-    toy.silent = true;
-    toy.gpus = Some((1, "10GiB".into()));
-    toy.stale_after = "1m".into();
-    let mut opts = Opts::new(vec![toy]);
-    opts.metrics = Some(metrics);
-    opts.static_gpus = vec![
-        ("GPU-metrics-0".into(), "80GiB".into()),
-        ("GPU-metrics-1".into(), "80GiB".into()),
-    ];
-    let d = Daemon::start(opts);
+    toy.command
+        .splice(0..0, ["env", "-u", "HEARTH_SOCKET"].map(String::from));
+    let d = Daemon::builder()
+        .tick("100ms")
+        .shutdown_timeout("15s")
+        .metrics(metrics)
+        .gpus(
+            "static",
+            &[("GPU-metrics-0", "80GiB"), ("GPU-metrics-1", "80GiB")],
+        )
+        .model(toy)
+        .start();
     d.wait_settled("toy", 2, 1, Duration::from_secs(30));
 
-    let (status, _, body) = http_get(metrics, "/").unwrap();
-    assert_eq!(status, 404, "{body}");
+    let r = get_metrics(metrics, "/");
+    assert_eq!(r.status, 404, "{}", r.body);
 
     for _ in 0..2 {
-        let out = d.cli(&[
+        d.cli_ok(&[
             "report",
             "toy",
             "--wait-ms",
@@ -275,11 +294,6 @@ fn metrics_equal_status_and_count_what_happened() {
             "--in-flight",
             "2",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
     let samples = scrape(metrics);
     let st = d.status();
@@ -344,12 +358,7 @@ fn metrics_equal_status_and_count_what_happened() {
     );
 
     // A scale-up promotes the warm replica and starts a new one for the pool.
-    let out = d.cli(&["scale", "toy", "--min", "3"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    d.cli_ok(&["scale", "toy", "--min", "3"]);
     let st = d.wait_settled("toy", 3, 1, Duration::from_secs(30));
     let samples = scrape(metrics);
     let status = d.status();
@@ -380,51 +389,22 @@ fn metrics_equal_status_and_count_what_happened() {
 
 #[test]
 fn a_taken_metrics_port_fails_the_start() {
-    let (port, _) = free_ports(1);
+    let taken = ports(1);
+    let port = taken.first;
     let _holder = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-    let dir = daemon_dir();
-    let mut opts = Opts::new(vec![Toy::new("toy")]);
-    opts.metrics = Some(port);
-    let ports = free_ports(8);
-    let config = dir.path().join("config.toml");
-    std::fs::write(&config, config_text(dir.path(), ports, &opts)).unwrap();
-    let mut child = std::process::Command::new(HEARTH)
-        .args(["daemon", "--config"])
-        .arg(&config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let exited = wait_until_or_kill(&mut child, Duration::from_secs(20));
+    let mut d = Daemon::builder()
+        .metrics(port)
+        .model(Model::toy("toy", &[]))
+        .spawn();
+    let exited = d
+        .wait_exit(Duration::from_secs(20))
+        .expect("the daemon did not exit within 20 s");
     assert_eq!(exited.code(), Some(1));
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let err = d.log();
     assert!(
         err.contains(&format!("binding daemon.metrics 127.0.0.1:{port}")),
         "{err}"
     );
-    assert!(
-        !dir.path().join("hearth.sock").exists(),
-        "nothing was started"
-    );
-}
-
-/// Waits for `child` to exit; kills it (and fails) if it does not within `timeout`.
-fn wait_until_or_kill(
-    child: &mut std::process::Child,
-    timeout: Duration,
-) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the daemon did not exit within {timeout:?}");
-        }
-        std::thread::sleep(POLL);
-    }
+    assert!(!d.socket.exists(), "nothing was started");
+    assert!(d.children().is_empty(), "started: {:?}", d.children());
 }

@@ -1,37 +1,25 @@
 //! A real model server: llama.cpp's server with a tiny GGUF on the CPU (../shared/real-model).
 //! Readiness is a real completion; a warm-up whose expected answer never comes never routes.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
-use serde_json::Value;
+use testkit::*;
 
-fn llama_model(name: &str, expect_body: &str) -> ModelSpec {
-    let dir = real_model_dir();
-    let mut m = ModelSpec::toy(name, &[]).scale(1, 1, 0);
-    m.command = vec![
-        dir.join("llama-server").display().to_string(),
-        "-m".into(),
-        dir.join("tiny-llama.gguf").display().to_string(),
-        "--port".into(),
-        "{port}".into(),
-        "-np".into(),
-        "1".into(),
-        "--metrics".into(),
-    ];
-    m.warmup_body = r#"{"prompt":"Hello","max_tokens":4}"#.into();
-    m.expect_body = expect_body.into();
-    m.warmup_timeout = "30s";
-    m.startup_timeout = "5m";
-    m.stop_grace = "5s";
+/// llama.cpp's server with its OpenAI-shaped endpoint as the warm-up, expecting `expect_body`.
+fn llama_model(name: &str, expect_body: &str) -> Model {
+    let mut m = Model::llama(name, &["-np", "1", "--metrics"]);
+    m.warmup.path = "/v1/completions".into();
+    m.warmup.body = r#"{"prompt":"Hello","max_tokens":4}"#.into();
+    m.warmup.expect_body = expect_body.into();
+    m.warmup.timeout = "30s".into();
+    m.warmup.startup_timeout = "5m".into();
+    m.liveness = None;
     m
 }
 
 #[test]
 fn a_real_llama_server_becomes_routed_through_a_real_completion() {
-    let d = Daemon::start(&[
+    let d = Daemon::start([
         llama_model("tiny", "choices"),
         llama_model("never", "NEVER-IN-ANSWER"),
     ]);
@@ -42,16 +30,16 @@ fn a_real_llama_server_becomes_routed_through_a_real_completion() {
             v["event"] == "routed" && v["model"] == "tiny" && endpoint_ids(v).len() == 1
         })
         .expect("the real model routed");
-    assert_eq!(endpoint_ids(&ev.v), vec!["tiny-1".to_string()], "{}", ev.v);
-    let addr = ev.v["endpoints"][0]["addr"].as_str().unwrap().to_string();
+    assert_eq!(endpoint_ids(&ev.v), ["tiny-1"], "{}", ev.v);
+    let (_, addr) = endpoints(&ev.v).remove(0);
     // The warm-up passed before routing.
     assert!(
         w.wait_for(0, Duration::ZERO, replica_event("tiny-1", "warm"))
             .is_some(),
         "routed without a warm state first: {:?}",
-        w.events().iter().map(|e| &e.v).collect::<Vec<_>>()
+        w.values()
     );
-    let (code, body) = http(
+    let r = http(
         &addr,
         "POST",
         "/v1/completions",
@@ -59,12 +47,13 @@ fn a_real_llama_server_becomes_routed_through_a_real_completion() {
         Duration::from_secs(30),
     )
     .unwrap_or_else(|e| panic!("completion at {addr}: {e}"));
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    assert!(v["choices"][0]["text"].is_string(), "{body}");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
+    assert!(v["choices"][0]["text"].is_string(), "{}", r.body);
     assert!(
         v["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
-        "{body}"
+        "{}",
+        r.body
     );
 
     // The other model answers too, but never what its warm-up expects: it stays starting, and

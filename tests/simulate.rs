@@ -24,18 +24,26 @@ fn hearth(args: &[&str]) -> std::process::Output {
         .expect("hearth runs")
 }
 
-#[test]
-fn the_same_seed_prints_byte_identical_json() {
+/// `hearth simulate --config CONFIG --model MODEL ARGS…`.
+fn simulate(config: &str, model: &str, args: &[&str]) -> std::process::Output {
+    let mut v = vec!["simulate", "--config", config, "--model", model];
+    v.extend_from_slice(args);
+    hearth(&v)
+}
+
+/// CONFIG in a file of a temporary directory (dropped with the directory).
+fn config_file() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("sim.toml");
     std::fs::write(&cfg, CONFIG).unwrap();
+    (dir, cfg)
+}
+
+#[test]
+fn the_same_seed_prints_byte_identical_json() {
+    let (dir, cfg) = config_file();
     let cfg = cfg.to_str().unwrap();
     let args = [
-        "simulate",
-        "--config",
-        cfg,
-        "--model",
-        "llm",
         "--scenario",
         "flash-crowd",
         "--duration",
@@ -44,8 +52,8 @@ fn the_same_seed_prints_byte_identical_json() {
         "7",
         "--json",
     ];
-    let a = hearth(&args);
-    let b = hearth(&args);
+    let a = simulate(cfg, "llm", &args);
+    let b = simulate(cfg, "llm", &args);
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert_eq!(a.stdout, b.stdout);
     let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
@@ -54,21 +62,20 @@ fn the_same_seed_prints_byte_identical_json() {
 
     // --policy names exactly what is printed, in that order; the text table and a plot too.
     let svg = dir.path().join("p.svg");
-    let out = hearth(&[
-        "simulate",
-        "--config",
+    let out = simulate(
         cfg,
-        "--model",
         "llm",
-        "--scenario",
-        "step",
-        "--duration",
-        "10m",
-        "--policy",
-        "kpa,hearth",
-        "--plot",
-        svg.to_str().unwrap(),
-    ]);
+        &[
+            "--scenario",
+            "step",
+            "--duration",
+            "10m",
+            "--policy",
+            "kpa,hearth",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -89,16 +96,9 @@ fn the_same_seed_prints_byte_identical_json() {
 
 #[test]
 fn usage_errors_exit_2_and_config_errors_exit_1() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("sim.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
+    let (_dir, cfg) = config_file();
     let cfg = cfg.to_str().unwrap();
-    let base = ["simulate", "--config", cfg, "--model", "llm"];
-    let run = |extra: &[&str]| {
-        let mut v = base.to_vec();
-        v.extend_from_slice(extra);
-        hearth(&v)
-    };
+    let run = |extra: &[&str]| simulate(cfg, "llm", extra);
     let out = run(&["--scenario", "step", "--policy", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     let out = run(&["--scenario", "azure-conv"]);
@@ -106,52 +106,33 @@ fn usage_errors_exit_2_and_config_errors_exit_1() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
     let out = run(&["--scenario", "nope"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = hearth(&[
-        "simulate",
-        "--config",
-        cfg,
-        "--model",
-        "other",
-        "--scenario",
-        "step",
-    ]);
+    let out = simulate(cfg, "other", &["--scenario", "step"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = hearth(&[
-        "simulate",
-        "--config",
-        "/nonexistent.toml",
-        "--model",
-        "llm",
-        "--scenario",
-        "step",
-    ]);
+    let out = simulate("/nonexistent.toml", "llm", &["--scenario", "step"]);
     assert_eq!(out.status.code(), Some(1));
 }
 
 #[test]
 fn a_plain_trace_replays() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("sim.toml");
-    std::fs::write(&cfg, CONFIG).unwrap();
+    let (dir, cfg) = config_file();
     let trace = dir.path().join("t.csv");
     let body: String = (0..3000)
         .map(|i| format!("{},2.5\n", i as f64 * 0.4))
         .collect();
     std::fs::write(&trace, format!("t_seconds,service_s\n{body}")).unwrap();
-    let out = hearth(&[
-        "simulate",
-        "--config",
+    let out = simulate(
         cfg.to_str().unwrap(),
-        "--model",
         "llm",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--warmup",
-        "1m",
-        "--policy",
-        "fixed,cortex",
-        "--json",
-    ]);
+        &[
+            "--trace",
+            trace.to_str().unwrap(),
+            "--warmup",
+            "1m",
+            "--policy",
+            "fixed,cortex",
+            "--json",
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -202,9 +183,9 @@ fn hearth_is_not_beaten_on_both_axes_by_any_baseline() {
     let config = repo.join("examples/simulate.toml").display().to_string();
     let mut failures = Vec::new();
     for (name, extra) in &runs {
-        let mut args = vec!["simulate", "--config", &config, "--model", "llm", "--json"];
+        let mut args = vec!["--json"];
         args.extend(extra.iter().map(String::as_str));
-        let out = hearth(&args);
+        let out = simulate(&config, "llm", &args);
         assert!(
             out.status.success(),
             "{name}: {}",

@@ -1,14 +1,12 @@
 //! Hostile and careless input on the control socket: every bad line gets its error code, the
 //! connection and other clients carry on, and the daemon keeps running.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
-use common::*;
-use serde_json::{json, Value};
+use testkit::procs::is_root;
+use testkit::*;
 
 /// Reads one answer and checks it is the failure `code`.
 fn expect_error(c: &mut Conn, code: &str, what: &str) -> Value {
@@ -34,7 +32,7 @@ fn expect_ok(c: &mut Conn, what: &str) -> Value {
 
 #[test]
 fn hostile_input_gets_error_codes_and_nobody_else_notices() {
-    let mut d = Daemon::start(&[ModelSpec::toy("toy", &[]).scale(1, 2, 0)]);
+    let mut d = Daemon::start([Model::toy("toy", &[]).scale(1, 2, 0)]);
     wait_until("toy-1 routed", Duration::from_secs(15), || {
         d.in_state("toy", "routed")
             .into_iter()
@@ -127,15 +125,9 @@ fn hostile_input_gets_error_codes_and_nobody_else_notices() {
         // Let uid 65534 reach the socket at all: the temp dir is 0700, the socket 0660.
         std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let out = std::process::Command::new(HEARTH)
-            .args(["drain", "toy-1", "--socket"])
-            .arg(&d.socket)
-            .env_remove("HEARTH_SOCKET")
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .expect("run hearth drain as uid 65534");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let mut drain = d.command(&["drain", "toy-1"]);
+        let out = run(drain.uid(65534).gid(65534), Duration::from_secs(30));
+        let stderr = out.stderr;
         assert_eq!(
             out.status.code(),
             Some(1),
@@ -168,7 +160,7 @@ fn hostile_input_gets_error_codes_and_nobody_else_notices() {
 
 #[test]
 fn a_flood_of_bad_lines_does_not_stall_other_clients() {
-    let mut d = Daemon::start(&[ModelSpec::toy("toy", &[]).scale(1, 1, 0)]);
+    let mut d = Daemon::start([Model::toy("toy", &[]).scale(1, 1, 0)]);
     let sock = d.socket.clone();
     // Several hostile clients write garbage as fast as they can, not reading their answers.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -227,7 +219,7 @@ fn a_flood_of_bad_lines_does_not_stall_other_clients() {
 
 #[test]
 fn a_long_pipelined_stream_is_answered_in_order() {
-    let d = Daemon::start(&[ModelSpec::toy("toy", &[]).scale(1, 1, 0)]);
+    let d = Daemon::start([Model::toy("toy", &[]).scale(1, 1, 0)]);
     let mut c = Conn::connect(&d.socket).unwrap();
     // 2,000 requests in one stream, written by another thread while this one reads (so neither
     // side's socket buffer can stall the other): reports (answered by the core) alternate with

@@ -1,9 +1,11 @@
 //! Who may do what on the socket: the peer's credentials (SO_PEERCRED) against `[access]`.
 
 use std::ffi::CString;
+use std::sync::Arc;
 
 use nix::unistd::{Gid, Group, Pid, Uid, User};
 
+use super::containment::Containment;
 use crate::config::{AccessConfig, Principal};
 use crate::core::Peer;
 use crate::protocol::Role;
@@ -14,6 +16,8 @@ pub struct Access {
     config: std::sync::RwLock<AccessConfig>,
     /// The daemon's own user: it owns the socket and could do anything anyway.
     own_uid: u32,
+    /// Tells which replica's cgroup holds a peer.
+    containment: Option<Arc<Containment>>,
 }
 
 impl Access {
@@ -21,7 +25,14 @@ impl Access {
         Access {
             config: std::sync::RwLock::new(config),
             own_uid: Uid::effective().as_raw(),
+            containment: None,
         }
+    }
+
+    /// Peers are also known by the replica cgroup or scope they are in.
+    pub fn with_containment(mut self, c: Arc<Containment>) -> Access {
+        self.containment = Some(c);
+        self
     }
 
     /// A reloaded `[access]`: connections made from now on are judged by it.
@@ -34,10 +45,15 @@ impl Access {
         let pgid = pid
             .and_then(|p| nix::unistd::getpgid(Some(Pid::from_raw(p))).ok())
             .map(|g| g.as_raw() as u32);
+        let replica = match (&self.containment, pid) {
+            (Some(c), Some(p)) => c.replica_of_pid(p as u32),
+            _ => None,
+        };
         Peer {
             uid,
             pid: pid.map(|p| p as u32),
             pgid,
+            replica,
             role: self.role(uid, gid),
         }
     }

@@ -9,18 +9,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
-use super::daemon::{Published, ShellMsg};
+use super::inbox::{self, Answered, Published, ShellMsg};
 use crate::core::Peer;
-use crate::protocol::{self, ErrorCode, Failure, Request};
+use crate::protocol::{self, ErrorCode, Failure, Request, Response};
 
 /// Binds the socket: probe a stale one before replacing it; bind, chmod 0660, then listen, so
 /// nobody connects before the permissions hold.
@@ -61,7 +60,7 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 
 #[derive(Clone)]
 pub struct Control {
-    pub to_core: mpsc::Sender<ShellMsg>,
+    pub to_core: inbox::Sender,
     pub published: broadcast::Sender<Arc<Published>>,
     pub access: Arc<Access>,
 }
@@ -109,7 +108,7 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
         }
     };
     let mut framed = Framed::new(stream, Lines::new());
-    let mut answers: Vec<Answer> = Vec::new();
+    let mut answers: Vec<Pending> = Vec::new();
     'conn: loop {
         let mut item = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -131,7 +130,7 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
                 }
                 Some(Ok(line)) => match classify(line) {
                     Classified::Blank => {}
-                    Classified::Answer(v) => answers.push(Answer::Ready(v)),
+                    Classified::Refused(f) => answers.push(Pending::Ready(f)),
                     Classified::Watch(request, model) => {
                         watch_request = Some((request, model));
                         break;
@@ -147,7 +146,7 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
                             closed = true;
                             break;
                         }
-                        answers.push(Answer::Core(rx));
+                        answers.push(Pending::Core(rx));
                     }
                 },
             }
@@ -160,14 +159,14 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
         }
         // Answers in request order, written together.
         for a in answers.drain(..) {
-            let v = match a {
-                Answer::Ready(v) => v,
-                Answer::Core(rx) => match rx.await {
-                    Ok((v, _)) => v,
+            let answer = match a {
+                Pending::Ready(f) => Err(f),
+                Pending::Core(rx) => match rx.await {
+                    Ok(Answered { answer, .. }) => answer,
                     Err(_) => break 'conn,
                 },
             };
-            if framed.feed(v.to_string()).await.is_err() {
+            if framed.feed(protocol::encode_answer(&answer)).await.is_err() {
                 break 'conn;
             }
         }
@@ -185,9 +184,9 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
 const BATCH: usize = 64;
 
 /// A request's answer: known at once (a bad line), or coming from the core.
-enum Answer {
-    Ready(Value),
-    Core(oneshot::Receiver<(Value, u64)>),
+enum Pending {
+    Ready(Failure),
+    Core(oneshot::Receiver<Answered>),
 }
 
 /// What a line asks for.
@@ -195,7 +194,7 @@ enum Classified {
     /// An empty line: no answer.
     Blank,
     /// A bad line, answered without the core.
-    Answer(Value),
+    Refused(Failure),
     Watch(Request, Option<String>),
     Ask(Request),
 }
@@ -204,25 +203,20 @@ fn classify(line: Line) -> Classified {
     let line = match line {
         Line::Text(line) => line,
         Line::TooLong => {
-            return Classified::Answer(
-                Failure::new(
-                    ErrorCode::TooLarge,
-                    format!("a line may hold at most {} bytes", protocol::MAX_LINE),
-                )
-                .to_value(),
-            )
+            return Classified::Refused(Failure::new(
+                ErrorCode::TooLarge,
+                format!("a line may hold at most {} bytes", protocol::MAX_LINE),
+            ))
         }
         Line::NotUtf8 => {
-            return Classified::Answer(
-                Failure::new(ErrorCode::BadRequest, "a line must be UTF-8").to_value(),
-            )
+            return Classified::Refused(Failure::new(ErrorCode::BadRequest, "a line must be UTF-8"))
         }
     };
     if line.trim().is_empty() {
         return Classified::Blank;
     }
     match protocol::parse_request(&line) {
-        Err(f) => Classified::Answer(f.to_value()),
+        Err(f) => Classified::Refused(f),
         Ok(Request::Watch { model }) => {
             let m = model.clone();
             Classified::Watch(Request::Watch { model }, m)
@@ -233,7 +227,7 @@ fn classify(line: Line) -> Classified {
 
 /// Sends a request to the core's task and waits for its answer (and the publish sequence number
 /// at the moment it was answered).
-async fn ask(control: &Control, peer: Peer, request: Request) -> Option<(Value, u64)> {
+async fn ask(control: &Control, peer: Peer, request: Request) -> Option<Answered> {
     let (tx, rx) = oneshot::channel();
     control
         .to_core
@@ -247,8 +241,8 @@ async fn ask(control: &Control, peer: Peer, request: Request) -> Option<(Value, 
     rx.await.ok()
 }
 
-async fn send(framed: &mut Framed<UnixStream, Lines>, v: &Value) -> Result<(), LinesCodecError> {
-    framed.send(v.to_string()).await
+async fn send(framed: &mut Framed<UnixStream, Lines>, line: &str) -> Result<(), LinesCodecError> {
+    framed.send(line.to_string()).await
 }
 
 /// One line from a client: its text, or what was wrong with it.
@@ -319,18 +313,25 @@ async fn watch(
     shutdown: CancellationToken,
 ) {
     let mut events = control.published.subscribe();
-    let Some((mut answer, seen)) = ask(control, peer, request).await else {
+    let Some(Answered { answer, seq: seen }) = ask(control, peer, request).await else {
         return;
     };
-    let snapshot = answer.as_object_mut().and_then(|o| o.remove("snapshot"));
-    if send(&mut framed, &answer).await.is_err() || answer["ok"] != Value::Bool(true) {
+    if send(&mut framed, &protocol::encode_answer(&answer))
+        .await
+        .is_err()
+    {
         return;
     }
-    if let Some(Value::Array(items)) = snapshot {
-        for ev in items {
-            if send(&mut framed, &ev).await.is_err() {
-                return;
-            }
+    let Ok(Response::Watching { snapshot }) = answer else {
+        // Refused (an unknown model, a reader that may not watch): the answer said so.
+        return;
+    };
+    for ev in &snapshot {
+        let Ok(line) = serde_json::to_string(ev) else {
+            continue;
+        };
+        if send(&mut framed, &line).await.is_err() {
+            return;
         }
     }
     loop {
@@ -347,13 +348,13 @@ async fn watch(
                     if p.seq <= seen || p.event.model().is_some_and(|m| model.as_deref().is_some_and(|w| w != m)) {
                         continue;
                     }
-                    if send(&mut framed, &p.json).await.is_err() {
+                    if send(&mut framed, &p.line).await.is_err() {
                         return;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     let f = Failure::new(ErrorCode::Busy, format!("watch fell {n} events behind; reconnect for a fresh snapshot"));
-                    let _ = send(&mut framed, &f.to_value()).await;
+                    let _ = send(&mut framed, &protocol::encode_answer(&Err(f))).await;
                     return;
                 }
                 Err(broadcast::error::RecvError::Closed) => return,

@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
-use super::daemon::ShellMsg;
+use super::inbox::EventSink;
 use crate::core::Event;
 
 /// How often memory use is read (and once at start).
@@ -49,7 +47,7 @@ pub trait GpuSource {
 /// Where the monitor's events go, and the flag that stops it.
 #[derive(Clone)]
 pub struct MonitorSink {
-    pub to_core: mpsc::Sender<ShellMsg>,
+    pub to_core: EventSink,
     pub stop: Arc<AtomicBool>,
     pub interval: Duration,
 }
@@ -60,7 +58,7 @@ impl MonitorSink {
     }
     /// False once the core's task is gone.
     fn send(&self, ev: Event) -> bool {
-        self.to_core.blocking_send(ShellMsg::Event(ev)).is_ok()
+        self.to_core.blocking_send(ev)
     }
 }
 
@@ -165,6 +163,7 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::inbox::{self, ShellMsg};
     use std::collections::VecDeque;
 
     #[test]
@@ -213,9 +212,9 @@ mod tests {
 
     #[test]
     fn the_pump_sends_memory_first_then_xids_and_survives_a_failing_wait() {
-        let (tx, mut rx) = mpsc::channel(64);
+        let (tx, mut rx) = inbox::channel();
         let sink = MonitorSink {
-            to_core: tx,
+            to_core: EventSink::new(tx),
             stop: Arc::new(AtomicBool::new(false)),
             interval: Duration::from_secs(3600),
         };
@@ -270,10 +269,10 @@ mod tests {
 
     #[test]
     fn the_pump_ends_when_the_core_is_gone() {
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = inbox::channel();
         drop(rx);
         let sink = MonitorSink {
-            to_core: tx,
+            to_core: EventSink::new(tx),
             stop: Arc::new(AtomicBool::new(false)),
             interval: Duration::from_millis(1),
         };

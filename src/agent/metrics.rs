@@ -23,11 +23,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::daemon::ShellMsg;
+use super::inbox::{self, ShellMsg};
 use crate::protocol::StatusView;
 
 /// Every metric name starts with this.
@@ -282,7 +282,7 @@ impl Collector for Snapshot {
 pub async fn serve(
     listener: TcpListener,
     recorder: Arc<Recorder>,
-    to_core: mpsc::Sender<ShellMsg>,
+    to_core: inbox::Sender,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -338,7 +338,7 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 async fn answer<B>(
     req: Request<B>,
     recorder: &Recorder,
-    to_core: &mpsc::Sender<ShellMsg>,
+    to_core: &inbox::Sender,
 ) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
         return text(

@@ -1,9 +1,13 @@
 //! The imperative shell: turns the world into events for the core and its actions into effects.
 
 pub mod access;
+pub mod account;
+pub mod containment;
 pub mod control;
 pub mod daemon;
+mod effects;
 pub mod gpu_monitor;
+pub mod inbox;
 pub mod inventory;
 pub mod logging;
 pub mod metrics;
@@ -11,6 +15,8 @@ pub mod notify;
 pub mod nvml;
 pub mod prefetch;
 pub mod probe;
+mod reload;
 pub mod scrape;
 pub mod state;
+mod status_line;
 pub mod supervisor;

@@ -29,6 +29,9 @@ pub struct Notifier {
     status: String,
     /// A send failed once: said in the log, not again on every ping.
     warned: bool,
+    /// `STOPPING=1` was sent: no `READY=1` may follow it (a reload that ends during the drain
+    /// must not contradict it).
+    stopping: bool,
 }
 
 impl Notifier {
@@ -47,6 +50,7 @@ impl Notifier {
             watchdog,
             status: String::new(),
             warned: false,
+            stopping: false,
         }
     }
 
@@ -57,6 +61,7 @@ impl Notifier {
             watchdog: None,
             status: String::new(),
             warned: false,
+            stopping: false,
         }
     }
 
@@ -77,8 +82,12 @@ impl Notifier {
         self.watchdog
     }
 
-    /// Start-up (or a reload) is finished; `status` becomes the status line.
+    /// Start-up (or a reload) is finished; `status` becomes the status line. Once stopping,
+    /// only the status line is sent.
     pub fn ready(&mut self, status: &str) {
+        if self.stopping {
+            return self.status(status);
+        }
         self.status = status.to_string();
         self.send(&[NotifyState::Ready, NotifyState::Status(status)]);
     }
@@ -97,6 +106,7 @@ impl Notifier {
 
     /// The shutdown began: systemd shows the unit as deactivating, not failed.
     pub fn stopping(&mut self, status: &str) {
+        self.stopping = true;
         self.status = status.to_string();
         self.send(&[NotifyState::Stopping, NotifyState::Status(status)]);
     }
@@ -190,6 +200,7 @@ mod tests {
             watchdog: Some(Duration::from_secs(2)),
             status: String::new(),
             warned: false,
+            stopping: false,
         };
         assert_eq!(n.watchdog_interval(), Some(Duration::from_secs(1)));
         let recv = || {
@@ -214,6 +225,11 @@ mod tests {
         assert!(usec > 0);
         n.watchdog();
         assert_eq!(recv(), "WATCHDOG=1\n");
+        // A reload that ends during the drain says where things stand, but not READY=1.
+        n.stopping("stopping: 3 replica(s) left");
+        assert_eq!(recv(), "STOPPING=1\nSTATUS=stopping: 3 replica(s) left\n");
+        n.ready("stopping: 2 replica(s) left");
+        assert_eq!(recv(), "STATUS=stopping: 2 replica(s) left\n");
     }
 
     #[test]
@@ -228,6 +244,7 @@ mod tests {
             watchdog: None,
             status: String::new(),
             warned: false,
+            stopping: false,
         };
         assert_eq!(n.watchdog_interval(), None);
         n.stopping("stopping");

@@ -2,11 +2,13 @@
 //! XID events and memory readings. NVML is initialised once and kept for the process lifetime
 //! (`Arc<Nvml>`, shared by the inventory and the monitor thread).
 //!
-//! Topology: nvml-wrapper 0.11 has no `numa_node_id()`, so a device's `topology` key is its NUMA
-//! node as the kernel reports it for the device's PCI function
-//! (`/sys/bus/pci/devices/<bus id>/numa_node`), as `numa<N>`; where the kernel knows no NUMA node
-//! (-1: single-socket hosts, some VMs), the key is the PCI domain and bus (`pci<domain>:<bus>`)
-//! from NVML's `pci_info()`, which groups only devices on the same bus.
+//! Topology: a device's `topology` key is the NUMA node the kernel reports for the device's PCI
+//! function (`/sys/bus/pci/devices/<bus id>/numa_node`), as `numa<N>`: the CPU-side node the GPU
+//! hangs off. NVML's `numa_node_id()` (nvmlDeviceGetNumaNodeId) is not that: it names the node
+//! the GPU's own memory forms on coherent platforms (Grace Hopper), and answers NotSupported
+//! elsewhere. Where the kernel knows no NUMA node (-1: single-socket hosts, some VMs), the key is
+//! the PCI domain and bus (`pci<domain>:<bus>`) from NVML's `pci_info()`, which groups only
+//! devices on the same bus.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,10 +1,12 @@
 //! Runs one probe attempt (warm-up, recheck, liveness) over HTTP and says how it went.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Client, Method};
 
-use crate::core::{ProbeOutcome, ProbeSpec};
+use super::containment::Containment;
+use crate::core::{ProbeOutcome, ProbeSpec, ReplicaId};
 
 /// Longest piece of an answer quoted back in a failure.
 const QUOTE: usize = 200;
@@ -87,6 +89,48 @@ pub async fn run(client: &Client, spec: &ProbeSpec) -> ProbeOutcome {
     }
 }
 
+/// A passing answer counts only if the process listening on the URL's port is the replica's
+/// (its cgroup, or its process group): an orphan of an earlier run or any other squatter that
+/// answers in its place fails, and the detail names it. URLs to another host are not checked.
+pub async fn verify_owner(
+    containment: Arc<Containment>,
+    replica: &ReplicaId,
+    spec: &ProbeSpec,
+    passed: ProbeOutcome,
+) -> ProbeOutcome {
+    let Some(port) = local_port(&spec.url) else {
+        return passed;
+    };
+    let r = replica.clone();
+    let checked = tokio::task::spawn_blocking(move || containment.verify_listener(&r, port)).await;
+    match checked {
+        Ok(Ok(())) => passed,
+        Ok(Err(why)) => ProbeOutcome {
+            ok: false,
+            // Not "still loading": retried at the slower pace of a wrong answer.
+            not_ready: false,
+            detail: why,
+        },
+        Err(e) => ProbeOutcome {
+            ok: false,
+            not_ready: false,
+            detail: format!("checking who listens on port {port}: {e}"),
+        },
+    }
+}
+
+/// The port of a URL whose host is this machine's loopback or wildcard address.
+fn local_port(url: &str) -> Option<u16> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let local = match bare.parse::<std::net::IpAddr>() {
+        Ok(a) => a.is_loopback() || a.is_unspecified(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    };
+    local.then(|| u.port_or_known_default()).flatten()
+}
+
 fn quote(body: &str) -> String {
     let one_line: String = body
         .chars()
@@ -104,4 +148,23 @@ fn root_cause(e: &dyn std::error::Error) -> String {
         cur = next;
     }
     cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_urls_to_this_machine_are_checked() {
+        assert_eq!(
+            local_port("http://127.0.0.1:21000/v1/completions"),
+            Some(21000)
+        );
+        assert_eq!(local_port("http://localhost:8/x"), Some(8));
+        assert_eq!(local_port("http://[::1]:9/x"), Some(9));
+        assert_eq!(local_port("http://0.0.0.0/x"), Some(80));
+        assert_eq!(local_port("http://10.0.0.5:9/x"), None);
+        assert_eq!(local_port("http://example.com:9/x"), None);
+        assert_eq!(local_port("not a url"), None);
+    }
 }

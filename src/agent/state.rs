@@ -32,10 +32,10 @@ pub fn load(state_dir: &Path) -> BTreeMap<String, Overrides> {
 }
 
 /// Writes atomically: a crash mid-write leaves the old file, never half a file.
-pub fn save(state_dir: &Path, value: &serde_json::Value) -> std::io::Result<()> {
+pub fn save(state_dir: &Path, overrides: &BTreeMap<String, Overrides>) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
     let p = path(state_dir);
     let tmp = p.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(overrides)?)?;
     std::fs::rename(&tmp, &p)
 }

@@ -1,21 +1,21 @@
-//! Spawns replica processes and watches them: each in its own process group, with the
-//! placeholders' environment, PR_SET_PDEATHSIG, output forwarded to tracing, exits seen at once.
+//! Spawns replica processes and watches them: each in its own process group and its cgroup or
+//! scope (placed before exec: containment/), as its model's account, with the placeholders'
+//! environment, PR_SET_PDEATHSIG, output forwarded to tracing, exits seen at once.
 
-use std::ffi::CString;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::{Gid, Pid, Uid};
+use nix::sys::signal::Signal;
 use tokio::io::AsyncRead;
 use tokio::process::Command;
-use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::daemon::ShellMsg;
+use super::account::{Accounts, Credentials};
+use super::containment::{listeners, ChildSide, Containment, Gate};
+use super::inbox::EventSink;
 use super::prefetch;
 use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal};
 
@@ -33,6 +33,14 @@ struct Job {
     spec: SpawnSpec,
 }
 
+/// What the spawner thread works with.
+struct Spawner {
+    handle: tokio::runtime::Handle,
+    events: EventSink,
+    containment: Arc<Containment>,
+    accounts: Accounts,
+}
+
 /// Hands spawn requests to one long-lived thread. PR_SET_PDEATHSIG fires when the *thread* that
 /// forked the child exits, so children must not be forked from pool threads that can retire.
 /// Prefetches of weight files run on threads of their own, beside the spawns: they never delay
@@ -41,28 +49,38 @@ struct Job {
 #[derive(Clone)]
 pub struct Supervisor {
     jobs: std::sync::mpsc::Sender<Job>,
-    events: mpsc::Sender<ShellMsg>,
+    events: EventSink,
+    containment: Arc<Containment>,
     /// Set at shutdown: prefetches stop early.
     cancel: Arc<AtomicBool>,
 }
 
 impl Supervisor {
-    pub fn start(events: mpsc::Sender<ShellMsg>) -> Supervisor {
+    pub fn start(
+        events: EventSink,
+        containment: Arc<Containment>,
+        accounts: Accounts,
+    ) -> Supervisor {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let events_for_prefetch = events.clone();
-        let handle = tokio::runtime::Handle::current();
+        let spawner = Spawner {
+            handle: tokio::runtime::Handle::current(),
+            events: events.clone(),
+            containment: containment.clone(),
+            accounts,
+        };
         std::thread::Builder::new()
             .name("hearth-spawner".into())
             .spawn(move || {
                 // This thread lives as long as the daemon: the channel closes only at exit.
                 while let Ok(job) = rx.recv() {
-                    spawn_one(job, &handle, &events);
+                    spawn_one(job, &spawner);
                 }
             })
             .expect("spawn the spawner thread");
         Supervisor {
             jobs: tx,
-            events: events_for_prefetch,
+            events,
+            containment,
             cancel: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -87,15 +105,13 @@ impl Supervisor {
         self.cancel.store(true, Ordering::Relaxed);
     }
 
-    /// Signals a replica's whole process group.
-    pub fn signal(replica: &ReplicaId, pid: u32, signal: StopSignal) {
-        let sig = match signal {
-            StopSignal::Term => Signal::SIGTERM,
-            StopSignal::Kill => Signal::SIGKILL,
-        };
-        match killpg(Pid::from_raw(pid as i32), sig) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(replica = %replica, pid, "could not send {sig:?}: {e}"),
+    /// SIGTERM to a replica's process group; SIGKILL to every process it has (its group at
+    /// once, the rest off the event loop).
+    pub fn signal(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
+        self.containment.signal_group(replica, pid, signal);
+        if signal == StopSignal::Kill {
+            let (c, r) = (self.containment.clone(), replica.clone());
+            tokio::task::spawn_blocking(move || c.kill_rest(&r));
         }
     }
 }
@@ -105,7 +121,7 @@ fn prefetch_files(
     replica: &ReplicaId,
     model: &str,
     globs: &[String],
-    events: &mpsc::Sender<ShellMsg>,
+    events: &EventSink,
     cancel: &AtomicBool,
 ) {
     let mut warned = 0usize;
@@ -113,18 +129,26 @@ fn prefetch_files(
     let outcome = prefetch::run(globs, cancel, |p| {
         if !announced {
             announced = true;
-            tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", crate::units::short_bytes(p.total_bytes), globs.join(" "));
+            let size = crate::units::short_bytes;
+            match &p.limit {
+                None => {
+                    tracing::info!(model = %model, replica = %replica, "prefetching {} of weights: {}", size(p.total_bytes), globs.join(" "))
+                }
+                Some(l) => {
+                    tracing::warn!(model = %model, replica = %replica, "prefetch: {} of weights would not fit in the {} of memory available ({} of it planned by other prefetches); reading the first {}, the server reads the rest from disk: {}", size(l.matched_bytes), size(l.room_bytes), size(l.others_bytes), size(p.total_bytes), globs.join(" "))
+                }
+            }
         }
         for m in &p.missing[warned..] {
             tracing::warn!(model = %model, replica = %replica, "prefetch: nothing read for {m}");
         }
         warned = p.missing.len();
-        let _ = events.blocking_send(ShellMsg::Event(Event::Prefetch {
+        events.blocking_send(Event::Prefetch {
             replica: replica.clone(),
             done_bytes: p.done_bytes,
             total_bytes: p.total_bytes,
             missing: p.missing.clone(),
-        }));
+        });
     });
     if outcome.cancelled {
         tracing::info!(model = %model, replica = %replica, "prefetch stopped: shutting down");
@@ -135,30 +159,14 @@ fn prefetch_files(
     tracing::info!(model = %model, replica = %replica, "prefetched {} in {} file(s) in {secs:.1} s ({rate:.0} MiB/s)", crate::units::short_bytes(outcome.progress.done_bytes), outcome.files);
 }
 
-/// Looked up before fork: a child between fork and exec may only make async-signal-safe calls.
-struct Credentials {
-    uid: Uid,
-    gid: Gid,
-    groups: Vec<Gid>,
-}
-
-fn credentials(user: &str) -> Result<Credentials, String> {
-    let u = nix::unistd::User::from_name(user)
-        .map_err(|e| format!("looking up user {user:?}: {e}"))?
-        .ok_or_else(|| format!("no user {user:?}"))?;
-    let cname = CString::new(user).map_err(|_| "user name with a NUL byte".to_string())?;
-    let groups =
-        nix::unistd::getgrouplist(&cname, u.gid).map_err(|e| format!("groups of {user:?}: {e}"))?;
-    Ok(Credentials {
-        uid: u.uid,
-        gid: u.gid,
-        groups,
-    })
-}
-
-fn build_command(spec: &SpawnSpec) -> Result<Command, String> {
+/// What the child is given before fork: its credentials (None: stay the daemon's user) and the
+/// gate's child side (None: no cgroup to wait for).
+fn build_command(
+    spec: &SpawnSpec,
+    creds: Option<Credentials>,
+    gate: Option<ChildSide>,
+) -> Result<Command, String> {
     let program = spec.command.first().ok_or("empty command")?;
-    let creds = spec.user.as_deref().map(credentials).transpose()?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(&spec.command[1..]);
     for (k, _) in std::env::vars_os() {
@@ -173,8 +181,9 @@ fn build_command(spec: &SpawnSpec) -> Result<Command, String> {
     // Its own process group, so a stop reaches every process the server started.
     cmd.process_group(0);
     let daemon_pid = nix::unistd::getpid();
-    // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl, getppid, _exit)
-    // between fork and exec.
+    let creds = creds.filter(|c| !c.is_current());
+    // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl, getppid, getpid,
+    // read, write) between fork and exec, and no allocation.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(c) = &creds {
@@ -188,32 +197,127 @@ fn build_command(spec: &SpawnSpec) -> Result<Command, String> {
             if nix::unistd::getppid() != daemon_pid {
                 libc::_exit(1);
             }
+            // Last: nothing of the server runs, and nothing can fork, until it is placed.
+            if let Some(g) = gate {
+                g.wait()?;
+            }
             Ok(())
         });
     }
     Ok(Command::from(cmd))
 }
 
-fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<ShellMsg>) {
+/// The account the replica runs as, checked against its program: an account that cannot reach
+/// the program is said plainly, before anything is started.
+fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>, String> {
+    let (user, defaulted) = accounts.user_for(spec.user.as_deref());
+    let Some(user) = user else {
+        return Ok(None);
+    };
+    let creds = Credentials::of(&user)?;
+    let path = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok());
+    let program = spec.command.first().map(String::as_str).unwrap_or("");
+    if let Some(why) = creds.cannot_execute(program, path.as_deref()) {
+        let whose = if defaulted {
+            format!(
+                "the model has no `user`, so it runs as {user:?}, the unprivileged default; give \
+                 {user:?} access to the program (install it where {user:?} can reach it), or set \
+                 `user` in the model (`user = \"root\"` runs it as root)"
+            )
+        } else {
+            format!("the model's `user` is {user:?}")
+        };
+        return Err(format!("{why} ({whose})"));
+    }
+    Ok(Some(creds))
+}
+
+fn spawn_one(job: Job, sv: &Spawner) {
     let Job { spec } = job;
     let replica = spec.replica.clone();
     let send = |ev: Event| {
-        let _ = events.blocking_send(ShellMsg::Event(ev));
+        sv.events.blocking_send(ev);
     };
-    let mut cmd = match build_command(&spec) {
+    // A port another process holds (an orphan of an earlier run, a server started by hand) is
+    // not given to a replica: the server could not bind it, and a stranger would answer.
+    if listeners::port_busy(spec.port) {
+        let holder = listeners::describe_holder(spec.port);
+        return send(Event::PortBusy {
+            replica,
+            port: spec.port,
+            holder,
+        });
+    }
+    let creds = match account(&spec, &sv.accounts) {
         Ok(c) => c,
         Err(error) => return send(Event::SpawnFailed { replica, error }),
     };
-    // tokio's child reaping needs the runtime's context on the forking thread.
-    let _guard = handle.enter();
-    let mut child = match cmd.spawn() {
+    let placement = match sv.containment.prepare(&spec) {
+        Ok(p) => p,
+        Err(error) => return send(Event::SpawnFailed { replica, error }),
+    };
+    let gate = if sv.containment.gated() {
+        match Gate::new() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                sv.containment.discard(placement);
+                let error = format!("creating the spawn gate: {e}");
+                return send(Event::SpawnFailed { replica, error });
+            }
+        }
+    } else {
+        None
+    };
+    let mut cmd = match build_command(&spec, creds, gate.as_ref().map(Gate::child_side)) {
         Ok(c) => c,
-        Err(e) => {
-            let error = format!("{}: {e}", spec.command[0]);
+        Err(error) => {
+            sv.containment.discard(placement);
             return send(Event::SpawnFailed { replica, error });
         }
     };
-    let pid = child.id().expect("a just-spawned child has a pid");
+    let guard = sv.containment.spawning();
+    // The gate's daemon side runs beside `spawn`, which returns only once the child has exec'd.
+    let spawned = AtomicBool::new(false);
+    let (child, placed) = std::thread::scope(|scope| {
+        let opener = gate.as_ref().map(|g| {
+            let (containment, placement, spawned) = (&sv.containment, &placement, &spawned);
+            scope.spawn(move || g.open_with(spawned, |pid| containment.place(placement, pid)))
+        });
+        // tokio's child reaping needs the runtime's context on the forking thread.
+        let child = {
+            let _enter = sv.handle.enter();
+            cmd.spawn()
+        };
+        spawned.store(true, Ordering::Release);
+        let placed = opener.and_then(|h| h.join().ok().flatten());
+        (child, placed)
+    });
+    drop(gate);
+    let mut child = match (child, placed) {
+        (Ok(c), None | Some(Ok(_))) => c,
+        (result, placed) => {
+            sv.containment.discard(placement);
+            let error = match (placed, result) {
+                (Some(Err(e)), _) => format!("placing the process: {e}"),
+                (_, Err(e)) => format!("{}: {e}", spec.command[0]),
+                (_, Ok(_)) => "the process ended before it was placed".to_string(),
+            };
+            return send(Event::SpawnFailed { replica, error });
+        }
+    };
+    let Some(pid) = child.id() else {
+        sv.containment.discard(placement);
+        let error = "the process ended at once".to_string();
+        return send(Event::SpawnFailed { replica, error });
+    };
+    sv.containment.register(placement, pid);
+    drop(guard);
     // GPU is the journal field for the device(s): absent for CPU-only replicas.
     let gpu = (!spec.gpus.is_empty()).then(|| spec.gpus.join(","));
     tracing::info!(model = %spec.model, replica = %replica, gpu = gpu.as_deref(), pid, port = spec.port, "spawned: {}", spec.command.join(" "));
@@ -221,6 +325,7 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
         replica: replica.clone(),
         pid,
     });
+    let handle = &sv.handle;
     if let Some(out) = child.stdout.take() {
         handle.spawn(forward_output(
             out,
@@ -239,19 +344,24 @@ fn spawn_one(job: Job, handle: &tokio::runtime::Handle, events: &mpsc::Sender<Sh
             "stderr",
         ));
     }
-    let events = events.clone();
+    let events = sv.events.clone();
+    let containment = sv.containment.clone();
+    let model = spec.model.clone();
     handle.spawn(async move {
         let status = child.wait().await;
-        // Whatever the leader left behind in its group goes with it: a replica that is gone
-        // must not keep holding GPU memory or its port.
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        // Whatever the leader left behind goes with it (its group, its cgroup or scope, the
+        // orphans that came back to hearth): a replica that is gone must not keep holding GPU
+        // memory or its port.
+        let r = replica.clone();
+        let cleared = tokio::task::spawn_blocking(move || containment.release(&r, pid)).await;
+        if let Ok(Some(what)) = cleared {
+            tracing::info!(model = %model, replica = %replica, "after its exit: {what}");
+        }
         let status = match status {
             Ok(s) => describe(s),
             Err(e) => format!("wait failed: {e}"),
         };
-        let _ = events
-            .send(ShellMsg::Event(Event::Exited { replica, status }))
-            .await;
+        events.send(Event::Exited { replica, status }).await;
     });
 }
 

@@ -1,13 +1,13 @@
 //! What the world tells the core (events) and what the core asks of the world (actions).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::gpu::GpuDevice;
+use super::model::Overrides;
 use super::replica::ReplicaId;
 use crate::config::{Config, ScrapeFormat};
-use crate::protocol::{Request, Role, WatchEvent};
+use crate::protocol::{Answer, Request, Role, WatchEvent};
 
 /// Ties a control request to its answer; chosen by the shell.
 pub type RequestId = u64;
@@ -19,6 +19,9 @@ pub struct Peer {
     pub pid: Option<u32>,
     /// The peer's process group: a replica's processes share the group its leader created.
     pub pgid: Option<u32>,
+    /// The replica whose cgroup or scope holds the peer, as the shell's containment found it
+    /// (none where replicas have no cgroup: then the process group tells).
+    pub replica: Option<ReplicaId>,
     pub role: Role,
 }
 
@@ -29,6 +32,7 @@ impl Peer {
             uid: 0,
             pid: None,
             pgid: None,
+            replica: None,
             role: Role::Admin,
         }
     }
@@ -63,6 +67,10 @@ pub struct ProbeSpec {
     pub expect_status: u16,
     pub expect_body: Option<String>,
     pub timeout: Duration,
+    /// Before a passing answer counts, the shell checks that the process listening on the
+    /// URL's port belongs to the replica (its cgroup, or its process group where there is no
+    /// cgroup): an orphan of an earlier run, or any other squatter, never passes.
+    pub verify_owner: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +83,18 @@ pub struct SpawnSpec {
     pub user: Option<String>,
     pub port: u16,
     pub gpus: Vec<String>,
+    /// The model's `stop_grace`: the backstop the shell's containment gives a stop it makes
+    /// without the core (a systemd scope stopped by an operator).
+    pub stop_grace: Duration,
+}
+
+/// What a replica's processes use, read from its cgroup (or summed over its processes).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Usage {
+    /// Resident memory, in bytes; None when unknown.
+    pub rss_bytes: Option<u64>,
+    /// CPU time used so far, user and system, in seconds; None when unknown.
+    pub cpu_seconds: Option<f64>,
 }
 
 /// What a scrape of a model server's own metrics says about its queue.
@@ -123,12 +143,50 @@ pub enum StopSignal {
     Kill,
 }
 
+/// How capacity became ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// A cold start passed its warm-up: spawn → warm, in the core's time (the figure status
+    /// shows as `time_to_ready_ms`).
+    Cold(Duration),
+    /// A replica that was warm before this event was routed by it. For the core a promotion is
+    /// one step; what there is to measure is the shell's own reaction, from taking the event up
+    /// (a report, an exit, a tick) to publishing the routed set that holds the replica. A replica
+    /// that warms and is routed in the same event filled a gap with a cold start: `Cold` only.
+    Promoted,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
     Debug,
     Info,
     Warn,
     Error,
+}
+
+/// What asked for a reload, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadCause {
+    Signal,
+    Request,
+}
+
+impl std::fmt::Display for ReloadCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReloadCause::Signal => "SIGHUP",
+            ReloadCause::Request => "reload",
+        })
+    }
+}
+
+/// A configuration file read for a reload.
+#[derive(Debug, Clone)]
+pub struct NewConfig {
+    pub config: Config,
+    /// What the file changes that only a restart can (socket, metrics, state_dir, `[gpus]`):
+    /// kept at the running values, and said in the log.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -165,11 +223,11 @@ pub enum Event {
         peer: Peer,
         request: Request,
     },
-    /// A validated new configuration (reload).
-    Reload {
-        id: Option<RequestId>,
-        config: Box<Config>,
-    },
+    /// SIGHUP: re-read the configuration file (as the `reload` op does).
+    ReloadSignal,
+    /// The configuration file as the shell read it after `Action::ReadConfig`: validated, with
+    /// what cannot change live pinned to the running values; or why it could not be read.
+    ConfigRead(Result<Box<NewConfig>, String>),
     /// The devices the inventory sees now (at start, and when it changes).
     Inventory(Vec<GpuDevice>),
     /// An XID error NVML reported for a device.
@@ -192,6 +250,16 @@ pub enum Event {
         total_bytes: u64,
         missing: Vec<String>,
     },
+    /// The shell found the port it was to start `replica` on held by another process (checked
+    /// by binding it, as the server would, just before the spawn): nothing was started.
+    PortBusy {
+        replica: ReplicaId,
+        port: u16,
+        /// Who holds it, as far as the shell could tell.
+        holder: String,
+    },
+    /// Resource use of live replicas, sampled by the shell.
+    Usage(Vec<(ReplicaId, Usage)>),
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,
@@ -227,19 +295,38 @@ pub enum Action {
         format: ScrapeFormat,
         timeout: Duration,
     },
+    /// The answer to `Event::Request` `id`; the socket layer writes it.
     Reply {
         id: RequestId,
-        response: Value,
+        answer: Answer,
     },
     /// A watch event: the routed set changed, a replica changed state, a scale decision, a GPU.
     Publish(WatchEvent),
-    /// Scale overrides changed: the shell writes them to state_dir.
-    PersistOverrides(Value),
+    /// Scale overrides changed: the shell writes every model's (those with any) to state_dir.
+    PersistOverrides(BTreeMap<String, Overrides>),
     Log {
         level: LogLevel,
         model: Option<String>,
         replica: Option<ReplicaId>,
         message: String,
+    },
+    /// Read and validate the configuration file off the event loop (announcing a reload to the
+    /// service manager), then send `Event::ConfigRead`.
+    ReadConfig {
+        cause: ReloadCause,
+    },
+    /// A reload ended, before its requests are answered. `applied`: the configuration now in
+    /// force, whose daemon settings the shell applies (log level, access, tick); None: refused,
+    /// the running configuration stays. Either way the daemon is ready again.
+    ReloadDone {
+        cause: ReloadCause,
+        applied: Option<Box<Config>>,
+    },
+    /// Capacity became ready, for the time-to-ready histogram.
+    Ready {
+        model: String,
+        replica: ReplicaId,
+        how: Readiness,
     },
     /// Every replica is gone after a shutdown.
     ShutdownComplete,

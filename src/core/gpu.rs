@@ -89,9 +89,9 @@ impl GpuTable {
     pub fn update(&mut self, devices: Vec<GpuDevice>) {
         let mut slots = Vec::with_capacity(devices.len());
         for d in devices {
-            match self.slots.iter().position(|s| s.device.uuid == d.uuid) {
-                Some(i) => {
-                    let mut s = self.slots[i].clone();
+            match self.slots.iter().find(|s| s.device.uuid == d.uuid) {
+                Some(known) => {
+                    let mut s = known.clone();
                     s.device = d;
                     slots.push(s);
                 }
@@ -168,7 +168,8 @@ impl GpuTable {
             Some(b) => b,
             None => devices
                 .iter()
-                .map(|&i| self.slots[i].free())
+                .filter_map(|&i| self.slots.get(i))
+                .map(GpuSlot::free)
                 .min()
                 .unwrap_or(0),
         };
@@ -181,7 +182,7 @@ impl GpuTable {
         if count > 1 {
             let mut groups: Vec<&str> = Vec::new();
             for &(i, _) in ordered {
-                if let Some(t) = self.slots[i].device.topology.as_deref() {
+                if let Some(t) = self.topology(i) {
                     if !groups.contains(&t) {
                         groups.push(t);
                     }
@@ -190,7 +191,7 @@ impl GpuTable {
             for g in groups {
                 let same: Vec<usize> = ordered
                     .iter()
-                    .filter(|&&(i, _)| self.slots[i].device.topology.as_deref() == Some(g))
+                    .filter(|&&(i, _)| self.topology(i) == Some(g))
                     .map(|&(i, _)| i)
                     .take(count)
                     .collect();
@@ -202,6 +203,10 @@ impl GpuTable {
         ordered.iter().take(count).map(|&(i, _)| i).collect()
     }
 
+    fn topology(&self, i: usize) -> Option<&str> {
+        self.slots.get(i)?.device.topology.as_deref()
+    }
+
     /// Any of these devices is being left (unhealthy, or cordoned to evacuate).
     pub fn leaving(&self, devices: &[usize]) -> bool {
         devices
@@ -211,7 +216,9 @@ impl GpuTable {
 
     pub fn reserve(&mut self, replica: &ReplicaId, placed: &Placed, exclusive: bool) {
         for &i in &placed.devices {
-            let s = &mut self.slots[i];
+            let Some(s) = self.slots.get_mut(i) else {
+                continue;
+            };
             s.reserved += placed.bytes;
             s.exclusive |= exclusive;
             s.replicas.push(replica.clone());
@@ -237,6 +244,12 @@ impl GpuTable {
             .filter_map(|&i| self.slots.get(i))
             .map(|s| s.device.uuid.clone())
             .collect()
+    }
+
+    /// The slot of a device by UUID or index, as operators type it.
+    pub fn slot_mut(&mut self, key: &str) -> Option<&mut GpuSlot> {
+        let i = self.find(key)?;
+        self.slots.get_mut(i)
     }
 
     /// A device by UUID or index, as operators type it.

@@ -1,12 +1,11 @@
 //! GPU logic through a scripted fake inventory: evacuation on XIDs and cordons, priority
 //! arbitration, foreign memory, overruns.
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
-use crate::config::Config;
+use crate::protocol::Health;
 use crate::protocol::Request;
 
 fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
@@ -175,11 +174,7 @@ memory = "80GiB"
 "#;
 
 fn reload(h: &mut Harness, toml: &str) -> Vec<Action> {
-    let config = Config::parse(toml, Path::new("reload.toml")).unwrap();
-    h.send(Event::Reload {
-        id: None,
-        config: Box::new(config),
-    })
+    h.reload(toml)
 }
 
 #[test]
@@ -219,7 +214,8 @@ fn a_higher_priority_model_reclaims_a_lower_priority_warm_replica_on_a_full_devi
     let st = h.node.status(Some("low"), h.now);
     assert_eq!(st.models[0].routed, 1);
     assert_eq!(
-        st.models[0].health, "no_capacity",
+        st.models[0].health,
+        Health::NoCapacity,
         "its pool cannot refill: {}",
         st.models[0].health_reason
     );
@@ -257,7 +253,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     assert!(h.in_state("low", ReplicaState::Draining).is_empty());
     assert_eq!(
         h.node.status(Some("same"), h.now).models[0].health,
-        "no_capacity"
+        Health::NoCapacity
     );
     // A higher-priority one drains one routed replica (never killed), down to low's min only.
     let high = gpu_model("high", "40GiB", "priority = 5", "min = 2\nmax = 2");
@@ -272,7 +268,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     assert_eq!(routed_total(&h, "low"), 1, "min holds");
     assert_eq!(
         h.node.status(Some("high"), h.now).models[0].health,
-        "no_capacity"
+        Health::NoCapacity
     );
 }
 
@@ -324,7 +320,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     );
     assert_eq!(r["ok"], true);
     let st = h.node.status(Some("m"), h.now);
-    assert_eq!(st.models[0].health, "no_capacity");
+    assert_eq!(st.models[0].health, Health::NoCapacity);
     // The other process leaves: the room is there again.
     let out = h.send(Event::GpuMemory {
         uuid: "GPU-a".into(),

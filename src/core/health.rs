@@ -1,6 +1,7 @@
 //! GPU health and operator cordons: XIDs, memory accounting, cordon/uncordon with evacuation.
 
 use super::event::{Action, LogLevel};
+use super::gpu::GpuSlot;
 use super::node::Node;
 use super::Time;
 use crate::protocol::{ErrorCode, Failure, WatchEvent};
@@ -18,7 +19,7 @@ const OVERRUN_SLACK: f64 = 1.05;
 
 impl Node {
     pub(super) fn xid(&mut self, uuid: &str, xid: u64, now: Time, out: &mut Vec<Action>) {
-        let Some(i) = self.gpus.find(uuid) else {
+        let Some(s) = self.gpus.slot_mut(uuid) else {
             self.log_global(
                 LogLevel::Warn,
                 format!("XID {xid} for unknown device {uuid}"),
@@ -39,14 +40,13 @@ impl Node {
             );
             return;
         }
-        let s = &mut self.gpus.slots[i];
         let first = s.healthy;
         s.healthy = false;
         s.evacuate = true;
         s.note = format!("critical XID {xid}");
-        self.publish_gpu(i, out);
+        let n = s.replicas.len();
+        out.push(gpu_event(s));
         if first {
-            let n = self.gpus.slots[i].replicas.len();
             self.log_global(
                 LogLevel::Error,
                 format!("GPU {uuid}: critical XID {xid}: unhealthy until `hearth uncordon`; moving {n} replica(s) off it"),
@@ -63,11 +63,11 @@ impl Node {
         by_group: &[(u32, u64)],
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.gpus.find(uuid) else {
+        let Some(s) = self.gpus.slot_mut(uuid) else {
             return;
         };
         let mut ours = 0u64;
-        let ids: Vec<_> = self.gpus.slots[i].replicas.clone();
+        let ids: Vec<_> = s.replicas.clone();
         for id in ids {
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
@@ -94,7 +94,9 @@ impl Node {
                 r.overrun_warned = false;
             }
         }
-        let s = &mut self.gpus.slots[i];
+        let Some(s) = self.gpus.slot_mut(uuid) else {
+            return;
+        };
         s.memory_used = Some(used);
         // Capacity is what others leave: whatever hearth's replicas don't account for is foreign.
         s.device.memory_foreign = used.saturating_sub(ours);
@@ -108,13 +110,12 @@ impl Node {
         evacuate: bool,
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
-        let i = self
+        let s = self
             .gpus
-            .find(gpu)
+            .slot_mut(gpu)
             .ok_or_else(|| Failure::new(ErrorCode::UnknownGpu, format!("no GPU {gpu:?}")))?;
-        let s = &mut self.gpus.slots[i];
         let uuid = s.device.uuid.clone();
-        if cordon {
+        let msg = if cordon {
             s.cordoned = true;
             s.evacuate |= evacuate;
             s.note = reason.unwrap_or_else(|| "cordoned by operator".into());
@@ -123,26 +124,27 @@ impl Node {
             } else {
                 ""
             };
-            let msg = format!("GPU {uuid} cordoned: {}{how}", s.note);
-            self.log_global(LogLevel::Info, msg, out);
+            format!("GPU {uuid} cordoned: {}{how}", s.note)
         } else {
             // Uncordon also clears an unhealthy mark: the operator vouches for the device.
             s.cordoned = false;
             s.evacuate = false;
             s.healthy = true;
             s.note.clear();
-            self.log_global(LogLevel::Info, format!("GPU {uuid} uncordoned"), out);
-        }
-        self.publish_gpu(i, out);
+            format!("GPU {uuid} uncordoned")
+        };
+        let event = gpu_event(s);
+        self.log_global(LogLevel::Info, msg, out);
+        out.push(event);
         Ok(())
     }
+}
 
-    fn publish_gpu(&self, i: usize, out: &mut Vec<Action>) {
-        let s = &self.gpus.slots[i];
-        out.push(Action::Publish(WatchEvent::Gpu {
-            uuid: s.device.uuid.clone(),
-            healthy: s.healthy,
-            cordoned: s.cordoned,
-        }));
-    }
+/// The watch event that says a device's health and cordon.
+fn gpu_event(s: &GpuSlot) -> Action {
+    Action::Publish(WatchEvent::Gpu {
+        uuid: s.device.uuid.clone(),
+        healthy: s.healthy,
+        cordoned: s.cordoned,
+    })
 }

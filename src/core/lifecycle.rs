@@ -1,10 +1,12 @@
 //! Replica lifecycle transitions: spawn results, exits, failures, drains, stops, deadlines.
 
+use std::sync::Arc;
+
 use super::event::{Action, LogLevel, ProbeKind, StopSignal};
 use super::node::{Node, ShutdownState};
 use super::replica::{ReplicaId, ReplicaState};
 use super::Time;
-use crate::protocol::WatchEvent;
+use crate::protocol::{WatchEvent, WatchedState};
 use crate::units::short_duration as fmt_dur;
 
 impl Node {
@@ -19,7 +21,7 @@ impl Node {
             };
             match r.state {
                 ReplicaState::Starting => {
-                    let limit = m.config_of(r.spec).warmup.startup_timeout;
+                    let limit = m.config_of(&r.spec).launch.warmup.startup_timeout;
                     if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
                         let _ = at;
                         let last = if r.last_probe_error.is_empty() {
@@ -44,11 +46,13 @@ impl Node {
                     // Start to start: the cadence does not stretch by the probe's own time.
                     let interval = match (kind, &m.config.liveness) {
                         (ProbeKind::Liveness, Some(l)) => l.interval,
-                        _ => m.config_of(r.spec).warmup.recheck,
+                        _ => m.config_of(&r.spec).launch.warmup.recheck,
                     };
                     if wanted && !r.probe_in_flight && now >= r.next_probe {
                         if let Some(spec) = self.probe_spec(&id, kind) {
-                            let r = self.replicas.get_mut(&id).expect("present");
+                            let Some(r) = self.replicas.get_mut(&id) else {
+                                continue;
+                            };
                             r.probe_in_flight = true;
                             r.next_probe = now + interval;
                             out.push(Action::Probe {
@@ -74,7 +78,9 @@ impl Node {
                 ReplicaState::Stopping => {
                     if !r.killed && r.deadline.is_some_and(|d| now >= d) {
                         if let Some(pid) = r.pid {
-                            let r = self.replicas.get_mut(&id).expect("present");
+                            let Some(r) = self.replicas.get_mut(&id) else {
+                                continue;
+                            };
                             r.killed = true;
                             out.push(Action::Signal {
                                 replica: id.clone(),
@@ -95,6 +101,7 @@ impl Node {
                 ReplicaState::Pending => {}
             }
         }
+        self.ports.expire_busy(now);
         // Failures age out of the window even when no new one comes: crash_loop clears by itself.
         for m in self.models.values_mut() {
             m.recent_failures(now);
@@ -119,12 +126,14 @@ impl Node {
         match r.state {
             ReplicaState::Starting => {
                 if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
-                    let r = self.replicas.get_mut(id).expect("present");
+                    let Some(r) = self.replicas.get_mut(id) else {
+                        return;
+                    };
                     r.probe_in_flight = true;
                     out.push(Action::Probe {
                         replica: id.clone(),
                         kind: ProbeKind::Warmup,
-                        after: super::node::WARMUP_RETRY_LOADING,
+                        after: super::probes::WARMUP_RETRY_LOADING,
                         spec,
                     });
                 }
@@ -171,7 +180,7 @@ impl Node {
                 );
             }
             _ => {
-                let why = format!("{} replica {what}", state.as_str());
+                let why = format!("{state} replica {what}");
                 self.record_failure(&model, id, &why, now, out);
             }
         }
@@ -192,7 +201,7 @@ impl Node {
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),
             replica: id.0.clone(),
-            state: "gone".into(),
+            state: WatchedState::GONE,
         }));
         if let Some(m) = self.models.get(&r.model) {
             if m.removed && !self.replicas.values().any(|x| x.model == r.model) {
@@ -212,8 +221,8 @@ impl Node {
         out: &mut Vec<Action>,
     ) {
         if let Some(r) = self.replicas.get(id) {
-            let (spec, ever_warm) = (r.spec, r.ever_warm);
-            self.rollout_failure(model, spec, ever_warm, why, out);
+            let (spec, ever_warm) = (Arc::clone(&r.spec), r.ever_warm);
+            self.rollout_failure(model, &spec, ever_warm, why, out);
         }
         let Some(m) = self.models.get_mut(model) else {
             return;
@@ -264,7 +273,9 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Draining, now, out);
-        let r = self.replicas.get_mut(id).expect("present");
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         r.deadline = Some(deadline);
         r.reason = why.to_string();
         self.log(
@@ -305,7 +316,9 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Stopping, now, out);
-        let r = self.replicas.get_mut(id).expect("present");
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         r.deadline = Some(deadline);
         r.reason = why.to_string();
         r.failed = failed;
@@ -340,6 +353,7 @@ impl Node {
         }
         r.state = state;
         r.since = now;
+        r.since_event = self.events;
         r.probe_failures = 0;
         r.deadline = None;
         if state != ReplicaState::Pending {
@@ -348,7 +362,7 @@ impl Node {
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),
             replica: id.0.clone(),
-            state: state.as_str().into(),
+            state: state.into(),
         }));
     }
 
@@ -356,6 +370,7 @@ impl Node {
         if self.shutdown.is_none() {
             let deadline = now + self.config.daemon.shutdown_timeout;
             self.shutdown = Some(ShutdownState { deadline });
+            self.refuse_reloads(out);
             self.log_global(
                 LogLevel::Info,
                 format!(
@@ -379,7 +394,9 @@ impl Node {
     fn kill_all(&mut self, out: &mut Vec<Action>) {
         let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
         for id in ids {
-            let r = self.replicas.get_mut(&id).expect("present");
+            let Some(r) = self.replicas.get_mut(&id) else {
+                continue;
+            };
             if r.state == ReplicaState::Pending {
                 self.forget(&id, "shutdown", out);
                 continue;

@@ -1,6 +1,15 @@
 //! The pure core: every decision hearth makes, as `Node::handle(event, now) -> Vec<Action>`.
 //! Nothing here performs I/O, reads a clock or spawns anything; time comes in with each event.
 //! The daemon and the simulator drive the same `Node`.
+//!
+//! A panic here would end the daemon, and every replica with it (PDEATHSIG): the core is
+//! panic-free by construction — no `unwrap`/`expect`, no `[]` on maps or slices; absent entries
+//! are `let … else` and `get`/`get_mut`.
+#![deny(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
+#![cfg_attr(
+    test,
+    allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)
+)]
 
 mod capacity;
 mod event;
@@ -14,13 +23,19 @@ mod node;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+mod ports;
 mod prefetch;
+mod probes;
+mod processes;
+#[cfg(test)]
+mod processes_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
 #[cfg(test)]
 mod reload_tests;
 mod replica;
+mod requests;
 mod scrape;
 mod signal;
 pub mod status;
@@ -28,8 +43,8 @@ pub mod status;
 mod tests;
 
 pub use event::{
-    Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime, RequestId,
-    ScrapedQueue, SpawnSpec, StopSignal,
+    Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
+    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal, Usage,
 };
 pub use gpu::GpuDevice;
 pub use model::Overrides;

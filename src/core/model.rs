@@ -2,6 +2,7 @@
 //! the model-wide signal and the autoscaler's memory.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::policy::Autoscaler;
 use super::signal::ReplicaSignal;
 use super::Time;
-use crate::config::{ModelConfig, WarmPool};
+use crate::config::{LaunchSpec, ModelConfig, WarmPool};
 
 /// Failures counted for back-off and crash-loop detection are the ones this recent.
 pub const FAILURE_WINDOW: Duration = Duration::from_secs(600);
@@ -35,13 +36,14 @@ impl Overrides {
     }
 }
 
-/// A change of what a replica is (command, env, warm-up, version…) being rolled out. The
-/// autoscaler keeps owning the count; the rollout owns only which version fills it.
+/// A change of what a replica is (its [`LaunchSpec`]) being rolled out. The autoscaler keeps
+/// owning the count; the rollout owns only which version fills it.
 #[derive(Debug, Clone)]
 pub struct Rollout {
     /// The configuration serving before the change.
     pub previous: ModelConfig,
-    pub previous_spec: u64,
+    /// `previous.launch`, shared with the replicas made from it.
+    pub previous_spec: Arc<LaunchSpec>,
     /// New-version replicas that failed before ever becoming warm.
     pub failures: u32,
     /// Latched: the new version cannot warm up; the previous one keeps serving until the
@@ -51,27 +53,6 @@ pub struct Rollout {
 
 /// New-version replicas that may fail to warm up before a rollout halts.
 pub const ROLLOUT_FAILURES: u32 = 3;
-
-/// What makes a replica what it is: a change rolls the model over. Scaling, liveness, signal,
-/// priority and stop_grace apply to running replicas live and are not part of it.
-pub fn spec_of(c: &ModelConfig) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-        c.version,
-        c.command,
-        c.env,
-        c.user,
-        c.gpus,
-        c.gpu_memory,
-        c.placement,
-        c.warmup,
-        c.prefetch
-    )
-    .hash(&mut h);
-    h.finish()
-}
 
 #[derive(Debug, Clone)]
 pub struct ScaleRecord {
@@ -84,8 +65,9 @@ pub struct ScaleRecord {
 #[derive(Debug, Clone)]
 pub struct ModelState {
     pub config: ModelConfig,
-    /// `spec_of(config)`.
-    pub spec: u64,
+    /// `config.launch`, shared with the replicas made from it. Which replicas those are is
+    /// decided by `==` on the spec, never by where it came from.
+    pub spec: Arc<LaunchSpec>,
     pub rollout: Option<Rollout>,
     pub overrides: Overrides,
     /// N of the next replica id.
@@ -110,7 +92,7 @@ pub struct ModelState {
 impl ModelState {
     pub fn new(config: ModelConfig, overrides: Overrides, now: Time) -> Self {
         let mut m = ModelState {
-            spec: spec_of(&config),
+            spec: Arc::new(config.launch.clone()),
             rollout: None,
             config,
             overrides,
@@ -139,17 +121,20 @@ impl ModelState {
         }
     }
 
-    pub fn launch_spec(&self) -> u64 {
+    /// `launch_config().launch`, to hand to new replicas.
+    pub fn launch_spec(&self) -> &Arc<LaunchSpec> {
         match &self.rollout {
-            Some(r) if r.halted.is_some() => r.previous_spec,
-            _ => self.spec,
+            Some(r) if r.halted.is_some() => &r.previous_spec,
+            _ => &self.spec,
         }
     }
 
-    /// The configuration a replica was made from.
-    pub fn config_of(&self, spec: u64) -> &ModelConfig {
+    /// The configuration a replica made from `spec` follows: the previous one for a replica of
+    /// the version a rollout is replacing, else the current one.
+    pub fn config_of(&self, spec: &Arc<LaunchSpec>) -> &ModelConfig {
         match &self.rollout {
-            Some(r) if r.previous_spec == spec => &r.previous,
+            // `==` on the specs (the same allocation answers at once).
+            Some(r) if r.previous_spec == *spec => &r.previous,
             _ => &self.config,
         }
     }

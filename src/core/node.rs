@@ -1,30 +1,20 @@
-//! `Node`: all state, and `handle(event, now) -> Vec<Action>`, the one entry point.
+//! `Node`: all state, and `handle(event, now) -> Vec<Action>`, the one entry point; the scaling
+//! decision, the model signal and the routed set. Requests are answered in requests.rs, probes
+//! in probes.rs, lifecycle transitions in lifecycle.rs, the reconciler in reconcile.rs.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use serde_json::json;
-
-use super::event::{Action, Event, LogLevel, Peer, ProbeKind, ProbeOutcome, RequestId};
+use super::event::{Action, Event, LogLevel};
 use super::gpu::{GpuDevice, GpuTable};
 use super::model::{ModelState, Overrides};
 use super::policy::{Decision, Inputs};
+use super::ports::PortPool;
+use super::reload::Reloads;
 use super::replica::{Replica, ReplicaId, ReplicaState};
-use super::signal::{ModelSignal, Sample};
+use super::signal::ModelSignal;
 use super::Time;
-use crate::config::{Config, PortRange};
-use crate::protocol::{self, Endpoint, ErrorCode, Failure, Report, Request, Role, WatchEvent};
-use crate::units::short_duration;
-
-/// A starting replica that refused the connection or answered 503 is still loading: try again
-/// soon, so that readiness is noticed within tens of milliseconds.
-pub(super) const WARMUP_RETRY_LOADING: Duration = Duration::from_millis(50);
-/// A replica that answered the warm-up wrongly: try again, but don't hammer a real model.
-pub(super) const WARMUP_RETRY_WRONG: Duration = Duration::from_secs(1);
-/// A warm replica whose recheck failed is rechecked this soon.
-pub(super) const RECHECK_RETRY: Duration = Duration::from_secs(1);
-/// Rechecks that fail in a row before a warm replica is replaced, when no liveness section says.
-pub(super) const DEFAULT_PROBE_FAILURES: u32 = 3;
+use crate::config::Config;
+use crate::protocol::{Endpoint, WatchEvent};
 
 #[derive(Debug, Clone)]
 pub(super) struct ShutdownState {
@@ -39,9 +29,12 @@ pub struct Node {
     pub(super) ports: PortPool,
     pub(super) shutdown: Option<ShutdownState>,
     pub(super) shutdown_reported: bool,
+    pub(super) reloads: Reloads,
     /// The routed set last published per model, to publish only changes.
     published: BTreeMap<String, Vec<Endpoint>>,
     pub(super) version: String,
+    /// Events handled so far: tells what happened in this event from what happened before.
+    pub(super) events: u64,
 }
 
 impl Node {
@@ -68,13 +61,16 @@ impl Node {
             gpus: GpuTable::new(devices),
             shutdown: None,
             shutdown_reported: false,
+            reloads: Reloads::default(),
             published: BTreeMap::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            events: 0,
         }
     }
 
     pub fn handle(&mut self, event: Event, now: Time) -> Vec<Action> {
         let mut out = Vec::new();
+        self.events += 1;
         match event {
             Event::Tick => self.tick(now, &mut out),
             Event::Spawned { replica, pid } => self.spawned(&replica, pid, now, &mut out),
@@ -94,7 +90,8 @@ impl Node {
             } => self.probed(&replica, kind, outcome, now, &mut out),
             Event::Scraped { replica, outcome } => self.scraped(&replica, outcome, now, &mut out),
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
-            Event::Reload { id, config } => self.reload(id, *config, now, &mut out),
+            Event::ReloadSignal => self.reload_asked(None, &mut out),
+            Event::ConfigRead(read) => self.config_read(read, now, &mut out),
             Event::Inventory(devices) => self.gpus.update(devices),
             Event::GpuXid { uuid, xid } => self.xid(&uuid, xid, now, &mut out),
             Event::GpuMemory {
@@ -108,6 +105,12 @@ impl Node {
                 total_bytes,
                 missing,
             } => self.prefetch_progress(&replica, done_bytes, total_bytes, &missing),
+            Event::PortBusy {
+                replica,
+                port,
+                holder,
+            } => self.port_busy(&replica, port, &holder, now, &mut out),
+            Event::Usage(samples) => self.usage(samples),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);
@@ -117,226 +120,6 @@ impl Node {
 
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    // ---- control requests ------------------------------------------------------------------
-
-    fn request(
-        &mut self,
-        id: RequestId,
-        peer: &Peer,
-        req: Request,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) {
-        let response = match self.answer(peer, req, now, out) {
-            Ok(v) => v,
-            Err(f) => f.to_value(),
-        };
-        out.push(Action::Reply { id, response });
-    }
-
-    fn answer(
-        &mut self,
-        peer: &Peer,
-        req: Request,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) -> Result<serde_json::Value, Failure> {
-        let needed = req.required_role();
-        // A replica's own processes may report for that replica without the reporter role.
-        let own_report = matches!(req, Request::Report(_)) && self.replica_of_peer(peer).is_some();
-        if peer.role < needed && !own_report {
-            return Err(Failure::new(
-                ErrorCode::Forbidden,
-                format!(
-                    "op {:?} needs the {:?} role; uid {} has {:?}",
-                    req.op(),
-                    needed,
-                    peer.uid,
-                    peer.role
-                )
-                .to_lowercase(),
-            ));
-        }
-        match req {
-            Request::Version => Ok(
-                json!({"ok": true, "version": self.version, "protocol": protocol::PROTOCOL_VERSION}),
-            ),
-            Request::Status { model } => {
-                if let Some(m) = &model {
-                    self.model_known(m)?;
-                }
-                Ok(protocol::ok_with(
-                    "status",
-                    self.status(model.as_deref(), now),
-                ))
-            }
-            Request::Gpus => Ok(protocol::ok_with("gpus", self.gpus.views())),
-            Request::Watch { model } => {
-                if let Some(m) = &model {
-                    self.model_known(m)?;
-                }
-                let snapshot: Vec<WatchEvent> = self
-                    .models
-                    .keys()
-                    .filter(|name| model.as_deref().is_none_or(|m| m == name.as_str()))
-                    .map(|name| WatchEvent::Routed {
-                        model: name.clone(),
-                        endpoints: self.routed_endpoints(name),
-                    })
-                    .collect();
-                Ok(protocol::ok_with("snapshot", snapshot))
-            }
-            Request::Report(report) => self.report(peer, report, now, out).map(|_| protocol::ok()),
-            Request::Drain { replica } => self
-                .drain_request(&replica, now, out)
-                .map(|_| protocol::ok()),
-            Request::Scale {
-                model,
-                min,
-                max,
-                warm_pool,
-            } => self
-                .scale_request(&model, min, max, warm_pool, now, out)
-                .map(|_| protocol::ok()),
-            Request::Cordon {
-                gpu,
-                reason,
-                evacuate,
-            } => self
-                .cordon(&gpu, true, reason, evacuate, out)
-                .map(|_| protocol::ok()),
-            Request::Uncordon { gpu } => self
-                .cordon(&gpu, false, None, false, out)
-                .map(|_| protocol::ok()),
-            Request::Reload => Err(Failure::new(
-                ErrorCode::BadRequest,
-                "reload is read by the daemon's shell; it never reaches the core",
-            )),
-        }
-    }
-
-    fn model_known(&self, name: &str) -> Result<(), Failure> {
-        if self.models.contains_key(name) {
-            Ok(())
-        } else {
-            Err(Failure::new(
-                ErrorCode::UnknownModel,
-                format!("no model {name:?}"),
-            ))
-        }
-    }
-
-    /// The live replica whose process group the peer belongs to.
-    fn replica_of_peer(&self, peer: &Peer) -> Option<&ReplicaId> {
-        let pgid = peer.pgid?;
-        self.replicas
-            .values()
-            .find(|r| r.pid == Some(pgid))
-            .map(|r| &r.id)
-    }
-
-    fn report(
-        &mut self,
-        peer: &Peer,
-        report: Report,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) -> Result<(), Failure> {
-        self.model_known(&report.model)?;
-        let own = self.replica_of_peer(peer).cloned();
-        let is_reporter = peer.role >= Role::Reporter;
-        let target = match (&report.replica, &own) {
-            (Some(r), _) => Some(ReplicaId(r.clone())),
-            // A replica's process that names no replica reports for itself.
-            (None, Some(own)) if !is_reporter => Some(own.clone()),
-            (None, _) => None,
-        };
-        if !is_reporter && target.as_ref() != own.as_ref() {
-            return Err(Failure::new(
-                ErrorCode::Forbidden,
-                "a replica may only report for itself; model-wide reports need the reporter role",
-            ));
-        }
-        for v in [report.oldest_wait_ms].into_iter().flatten() {
-            if !v.is_finite() || v < 0.0 {
-                return Err(Failure::new(
-                    ErrorCode::BadRequest,
-                    "oldest_wait_ms must be a finite number ≥ 0",
-                ));
-            }
-        }
-        let sample = Sample::from_report(&report, now);
-        match target {
-            Some(rid) => {
-                let r = self.replicas.get_mut(&rid).ok_or_else(|| {
-                    Failure::new(ErrorCode::UnknownReplica, format!("no replica {rid}"))
-                })?;
-                if r.model != report.model {
-                    return Err(Failure::new(
-                        ErrorCode::UnknownReplica,
-                        format!("replica {rid} belongs to model {:?}", r.model),
-                    ));
-                }
-                self.record_replica_sample(&rid, sample, now, out);
-            }
-            None => {
-                let m = self.models.get_mut(&report.model).expect("checked");
-                m.model_wide.record(sample);
-            }
-        }
-        self.autoscale(&report.model, now, out);
-        Ok(())
-    }
-
-    /// Stores a replica's queue sample; a draining replica with no work left is stopped.
-    pub(super) fn record_replica_sample(
-        &mut self,
-        id: &ReplicaId,
-        sample: Sample,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(r) = self.replicas.get_mut(id) else {
-            return;
-        };
-        let served = r.signal.record(sample);
-        if let Some(m) = self.models.get_mut(&r.model) {
-            m.autoscaler
-                .observe_replica(sample.queue_depth, sample.in_flight);
-            if let Some((done, busy)) = served {
-                m.autoscaler.observe_served(now, done, busy);
-            }
-        }
-        let Some(r) = self.replicas.get(id) else {
-            return;
-        };
-        if r.state == ReplicaState::Draining && sample.in_flight == 0 && sample.queue_depth == 0 {
-            self.stop(id, "drained: no work in flight", false, now, out);
-        }
-    }
-
-    fn drain_request(&mut self, id: &str, now: Time, out: &mut Vec<Action>) -> Result<(), Failure> {
-        let rid = ReplicaId(id.to_string());
-        let Some(r) = self.replicas.get(&rid) else {
-            return Err(Failure::new(
-                ErrorCode::UnknownReplica,
-                format!("no replica {id:?}"),
-            ));
-        };
-        match r.state {
-            ReplicaState::Routed => self.begin_drain(&rid, "drained by operator", now, out),
-            ReplicaState::Pending => {
-                self.forget(&rid, "removed by operator", out);
-            }
-            ReplicaState::Starting | ReplicaState::Warm => {
-                // Nothing is routed to it: there is no work to wait for.
-                self.stop(&rid, "drained by operator", false, now, out)
-            }
-            ReplicaState::Draining | ReplicaState::Stopping => {}
-        }
-        Ok(())
     }
 
     // ---- scaling -----------------------------------------------------------------------------
@@ -409,83 +192,6 @@ impl Node {
         }));
     }
 
-    fn scale_request(
-        &mut self,
-        model: &str,
-        min: Option<u32>,
-        max: Option<u32>,
-        warm_pool: Option<protocol::WarmPoolSetting>,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) -> Result<(), Failure> {
-        self.model_known(model)?;
-        let m = self.models.get_mut(model).expect("checked");
-        let mut o = m.overrides.clone();
-        if min.is_some() {
-            o.min = min;
-        }
-        if max.is_some() {
-            o.max = max;
-        }
-        if warm_pool.is_some() {
-            o.warm_pool = warm_pool;
-        }
-        let new_min = o.min.unwrap_or(m.config.scaling.min);
-        let new_max = o.max.unwrap_or(m.config.scaling.max);
-        if new_min > new_max {
-            return Err(Failure::new(
-                ErrorCode::BadRequest,
-                format!("min {new_min} > max {new_max}"),
-            ));
-        }
-        if new_max == 0 {
-            return Err(Failure::new(
-                ErrorCode::BadRequest,
-                "max must be at least 1",
-            ));
-        }
-        let ports_needed: u32 = self
-            .models
-            .values()
-            .map(|x| if x.name() == model { new_max } else { x.max() })
-            .sum();
-        if ports_needed as usize > self.ports.capacity() {
-            return Err(Failure::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "max {new_max} needs {ports_needed} ports in all; daemon.ports has {}",
-                    self.ports.capacity()
-                ),
-            ));
-        }
-        let m = self.models.get_mut(model).expect("checked");
-        m.overrides = o;
-        let (lo, hi) = (m.min(), m.max());
-        let reason = format!("operator set min {lo}, max {hi}");
-        let clamped = m.desired_routed.clamp(lo, hi);
-        out.push(Action::PersistOverrides(self.overrides_value()));
-        self.set_desired(
-            model,
-            Decision {
-                to: clamped,
-                reason,
-            },
-            now,
-            out,
-        );
-        Ok(())
-    }
-
-    pub(super) fn overrides_value(&self) -> serde_json::Value {
-        let map: BTreeMap<&str, &Overrides> = self
-            .models
-            .iter()
-            .filter(|(_, m)| !m.overrides.is_empty())
-            .map(|(k, m)| (k.as_str(), &m.overrides))
-            .collect();
-        serde_json::to_value(map).unwrap_or_default()
-    }
-
     // ---- signal ------------------------------------------------------------------------------
 
     pub(super) fn model_signal(&self, model: &str, now: Time) -> Option<ModelSignal> {
@@ -534,156 +240,6 @@ impl Node {
             .count() as u32
     }
 
-    // ---- probes ------------------------------------------------------------------------------
-
-    fn probed(
-        &mut self,
-        id: &ReplicaId,
-        kind: ProbeKind,
-        o: ProbeOutcome,
-        now: Time,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(r) = self.replicas.get_mut(id) else {
-            return;
-        };
-        r.probe_in_flight = false;
-        let Some(m) = self.models.get(&r.model) else {
-            return;
-        };
-        let threshold = m
-            .config
-            .liveness
-            .as_ref()
-            .map_or(DEFAULT_PROBE_FAILURES, |l| l.failures);
-        match (kind, r.state) {
-            (ProbeKind::Warmup, ReplicaState::Starting) => {
-                if o.ok {
-                    let spawned = r.spawned_at.unwrap_or(r.created);
-                    let ttr = now.since(spawned);
-                    r.next_probe = now + m.config_of(r.spec).warmup.recheck;
-                    r.ever_warm = true;
-                    r.last_probe_error.clear();
-                    let rid = r.id.clone();
-                    let model = r.model.clone();
-                    self.set_state(&rid, ReplicaState::Warm, now, out);
-                    self.log(
-                        LogLevel::Info,
-                        &model,
-                        Some(&rid),
-                        format!("warm after {}", short_duration(ttr)),
-                        out,
-                    );
-                    if let Some(m) = self.models.get_mut(&model) {
-                        m.time_to_ready = Some(ttr);
-                        m.autoscaler.observe_time_to_ready(ttr);
-                    }
-                } else {
-                    r.last_probe_error = o.detail;
-                    r.reason = format!("warm-up: {}", r.last_probe_error);
-                    let after = if o.not_ready {
-                        WARMUP_RETRY_LOADING
-                    } else {
-                        WARMUP_RETRY_WRONG
-                    };
-                    let spec = self.probe_spec(id, ProbeKind::Warmup);
-                    if let (Some(spec), Some(r)) = (spec, self.replicas.get_mut(id)) {
-                        r.probe_in_flight = true;
-                        out.push(Action::Probe {
-                            replica: id.clone(),
-                            kind: ProbeKind::Warmup,
-                            after,
-                            spec,
-                        });
-                    }
-                }
-            }
-            (
-                ProbeKind::Recheck | ProbeKind::Liveness,
-                ReplicaState::Warm | ReplicaState::Routed,
-            ) => {
-                if o.ok {
-                    r.probe_failures = 0;
-                    r.last_probe_error.clear();
-                    return;
-                }
-                r.probe_failures += 1;
-                r.last_probe_error = o.detail.clone();
-                let n = r.probe_failures;
-                if kind == ProbeKind::Recheck {
-                    // A warm replica under suspicion is not promotable: settle it soon.
-                    let recheck = m.config_of(r.spec).warmup.recheck;
-                    r.next_probe = now + RECHECK_RETRY.min(recheck);
-                }
-                let what = if kind == ProbeKind::Recheck {
-                    "recheck"
-                } else {
-                    "liveness"
-                };
-                let rid = r.id.clone();
-                let model = r.model.clone();
-                if n >= threshold {
-                    let why = format!("{what} failed {n} times in a row: {}", o.detail);
-                    self.fail(&rid, &why, now, out);
-                } else {
-                    self.log(
-                        LogLevel::Warn,
-                        &model,
-                        Some(&rid),
-                        format!("{what} failed ({n}/{threshold}): {}", o.detail),
-                        out,
-                    );
-                }
-            }
-            _ => {} // a late answer for a replica that has moved on
-        }
-    }
-
-    pub(super) fn probe_spec(
-        &self,
-        id: &ReplicaId,
-        kind: ProbeKind,
-    ) -> Option<super::event::ProbeSpec> {
-        let r = self.replicas.get(id)?;
-        let m = self.models.get(&r.model)?;
-        let vars = self.placeholders(r);
-        let w = &m.config_of(r.spec).warmup;
-        let expand = |s: &str| crate::config::expand(s, &vars);
-        Some(match (kind, &m.config.liveness) {
-            (ProbeKind::Liveness, Some(l)) => super::event::ProbeSpec {
-                method: "GET".into(),
-                url: expand(&l.url),
-                headers: Vec::new(),
-                body: None,
-                expect_status: 200,
-                expect_body: None,
-                timeout: l.timeout,
-            },
-            _ => super::event::ProbeSpec {
-                method: w.method.clone(),
-                url: expand(&w.url),
-                headers: w
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.clone(), expand(v)))
-                    .collect(),
-                body: w.body.as_deref().map(expand),
-                expect_status: w.expect_status,
-                expect_body: w.expect_body.clone(),
-                timeout: w.timeout,
-            },
-        })
-    }
-
-    pub(super) fn placeholders(&self, r: &Replica) -> crate::config::Placeholders {
-        crate::config::Placeholders {
-            port: r.port.unwrap_or(0),
-            replica: r.id.0.clone(),
-            model: r.model.clone(),
-            gpus: self.gpus.uuids(&r.gpus).join(","),
-        }
-    }
-
     pub(super) fn log(
         &self,
         level: LogLevel,
@@ -698,50 +254,5 @@ impl Node {
             replica: replica.cloned(),
             message,
         });
-    }
-}
-
-/// Ports from `daemon.ports`, handed out round-robin so a port just freed (maybe still in
-/// TIME_WAIT, or held by a straggler) is the last to be reused.
-#[derive(Debug, Clone)]
-pub(super) struct PortPool {
-    range: PortRange,
-    next: u16,
-    in_use: std::collections::BTreeSet<u16>,
-}
-
-impl PortPool {
-    fn new(range: PortRange) -> Self {
-        PortPool {
-            range,
-            next: range.first,
-            in_use: Default::default(),
-        }
-    }
-    pub fn capacity(&self) -> usize {
-        (self.range.last - self.range.first) as usize + 1
-    }
-    pub fn take(&mut self) -> Option<u16> {
-        for _ in 0..self.capacity() {
-            let p = self.next;
-            self.next = if p >= self.range.last {
-                self.range.first
-            } else {
-                p + 1
-            };
-            if self.in_use.insert(p) {
-                return Some(p);
-            }
-        }
-        None
-    }
-    pub fn give_back(&mut self, p: u16) {
-        self.in_use.remove(&p);
-    }
-    pub fn set_range(&mut self, range: PortRange) {
-        self.range = range;
-        if !(range.first..=range.last).contains(&self.next) {
-            self.next = range.first;
-        }
     }
 }

@@ -365,7 +365,13 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
         Action::PersistOverrides(v) => Some(v.clone()),
         _ => None,
     });
-    assert_eq!(persisted.unwrap()["m"]["min"], 3);
+    let persisted = persisted.unwrap();
+    assert_eq!(persisted["m"].min, Some(3));
+    assert_eq!(
+        serde_json::to_string(&persisted).unwrap(),
+        r#"{"m":{"min":3,"warm_pool":2}}"#,
+        "overrides.json as it was"
+    );
     let st = h.node.status(Some("m"), h.now);
     assert_eq!((st.models[0].min, st.models[0].desired_warm), (3, 2));
     let bad = h.request(
@@ -471,11 +477,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
     }
     // The pool is not refilled while six spare routed replicas stand ready.
     let st = h.node.status(Some("m"), h.now);
-    let states: Vec<_> = st.models[0]
-        .replicas
-        .iter()
-        .map(|r| r.state.clone())
-        .collect();
+    let states: Vec<_> = st.models[0].replicas.iter().map(|r| r.state).collect();
     assert!(st.models[0].routed >= 9, "{states:?}");
     assert_eq!(h.node.pool_to_fill("m"), 0);
     assert!(

@@ -24,9 +24,9 @@ impl Node {
         let m = self.models.get(&model)?;
         let (prio, gpus, bytes, placement) = (
             m.config.priority,
-            m.config.gpus,
-            m.config.gpu_memory,
-            m.config.placement,
+            m.config.launch.gpus,
+            m.config.launch.gpu_memory,
+            m.config.launch.placement,
         );
         // Only a scale-up reclaims: refilling a warm pool never takes from others.
         let c = self.counts(&model);
@@ -44,12 +44,14 @@ impl Node {
             .reclaim_candidates(&model, prio)
             .into_iter()
             .find(|v| {
-                let v = &self.replicas[v];
+                let Some(v) = self.replicas.get(v) else {
+                    return false;
+                };
                 let mut trial = self.gpus.clone();
                 trial.release(&v.id, &v.gpus, v.gpu_bytes);
                 trial.place(gpus, bytes, placement).is_ok()
             })?;
-        let v = self.replicas.get_mut(&victim).expect("candidate exists");
+        let v = self.replicas.get_mut(&victim)?;
         v.reclaimed_for = Some(model.clone());
         let (vmodel, vstate) = (v.model.clone(), v.state);
         let why = format!("GPU reclaimed by model {model} (priority {prio})");

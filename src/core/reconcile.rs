@@ -1,7 +1,9 @@
 //! The reconciler: after every event, move each model toward its desired routed count and warm
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
-use super::event::{Action, LogLevel, SpawnSpec};
+use std::sync::Arc;
+
+use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
@@ -97,7 +99,7 @@ impl Node {
         let max = if m.removed { 0 } else { m.max() };
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
-        let recheck = m.config.warmup.recheck;
+        let recheck = m.config.launch.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
         // that serve nothing go at once; routed ones wait for their replacement (below).
@@ -125,11 +127,16 @@ impl Node {
             let Some(id) = self.pick(name, |r| r.promotable(), false) else {
                 break;
             };
+            let warm_before = self
+                .replicas
+                .get(&id)
+                .is_some_and(|r| r.since_event < self.events);
             self.set_state(&id, ReplicaState::Routed, now, out);
-            let r = self.replicas.get_mut(&id).expect("present");
-            r.next_probe = now;
+            if let Some(r) = self.replicas.get_mut(&id) {
+                r.next_probe = now;
+            }
             c.routed += 1;
-            c.warm -= 1;
+            c.warm = c.warm.saturating_sub(1);
             self.log(
                 LogLevel::Info,
                 name,
@@ -137,6 +144,13 @@ impl Node {
                 format!("promoted: routed {} of {desired}", c.routed),
                 out,
             );
+            if warm_before {
+                out.push(Action::Ready {
+                    model: name.to_string(),
+                    replica: id,
+                    how: Readiness::Promoted,
+                });
+            }
         }
 
         // Routed replicas on a device being left drain once the healthy ones cover `desired`;
@@ -161,8 +175,9 @@ impl Node {
             };
             if c.warm < fill {
                 self.set_state(&id, ReplicaState::Warm, now, out);
-                let r = self.replicas.get_mut(&id).expect("present");
-                r.next_probe = now + recheck;
+                if let Some(r) = self.replicas.get_mut(&id) {
+                    r.next_probe = now + recheck;
+                }
                 c.warm += 1;
                 self.log(
                     LogLevel::Info,
@@ -222,7 +237,7 @@ impl Node {
             || self
                 .models
                 .get(&r.model)
-                .is_some_and(|m| r.spec != m.launch_spec())
+                .is_some_and(|m| r.spec != *m.launch_spec())
     }
 
     /// The oldest (or newest) replica of the model that matches.
@@ -255,9 +270,9 @@ impl Node {
         let n = m.next_n;
         m.next_n += 1;
         let restarts = m.failures.len() as u32;
-        let c = m.launch_config();
-        let globs = c.prefetch.clone();
-        let r = Replica::new(model, n, &c.version, m.launch_spec(), now, restarts);
+        let spec = Arc::clone(m.launch_spec());
+        let globs = spec.prefetch.clone();
+        let r = Replica::new(model, n, spec, now, restarts);
         let id = r.id.clone();
         self.replicas.insert(id.clone(), r);
         if !globs.is_empty() {
@@ -270,7 +285,7 @@ impl Node {
         out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
             model: model.to_string(),
             replica: id.0,
-            state: ReplicaState::Pending.as_str().into(),
+            state: ReplicaState::Pending.into(),
         }));
     }
 
@@ -296,48 +311,54 @@ impl Node {
                 continue;
             };
             let model = r.model.clone();
-            let m = &self.models[&model];
+            let Some(m) = self.models.get(&model) else {
+                continue;
+            };
             if now < m.backoff_until {
                 let wait = m.backoff_until.since(now);
-                let r = self.replicas.get_mut(&id).expect("present");
-                r.reason = format!(
-                    "restart back-off: starts in {}",
-                    crate::units::short_duration(wait)
-                );
+                if let Some(r) = self.replicas.get_mut(&id) {
+                    r.reason = format!(
+                        "restart back-off: starts in {}",
+                        crate::units::short_duration(wait)
+                    );
+                }
                 continue;
             }
-            let placed = match self.gpus.place(
-                m.launch_config().gpus,
-                m.launch_config().gpu_memory,
-                m.launch_config().placement,
-            ) {
+            let launch = m.launch_spec();
+            let placed = match self
+                .gpus
+                .place(launch.gpus, launch.gpu_memory, launch.placement)
+            {
                 Ok(p) => p,
                 Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
                         None => why,
                     };
-                    let r = self.replicas.get_mut(&id).expect("present");
-                    r.reason = why.clone();
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        r.reason = why.clone();
+                    }
                     blocked.insert(model, Some(why));
                     continue;
                 }
             };
+            let exclusive = launch.gpu_memory.is_none();
+            let Some(r) = self.replicas.get_mut(&id) else {
+                continue;
+            };
             let Some(port) = self.ports.take() else {
-                let r = self.replicas.get_mut(&id).expect("present");
                 r.reason = "no free port in daemon.ports".into();
                 continue;
             };
-            let exclusive = m.launch_config().gpu_memory.is_none();
-            self.gpus.reserve(&id, &placed, exclusive);
-            let r = self.replicas.get_mut(&id).expect("present");
             r.port = Some(port);
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
+            self.gpus.reserve(&id, &placed, exclusive);
             self.set_state(&id, ReplicaState::Starting, now, out);
-            let spec = self.spawn_spec(&id);
-            out.push(Action::Spawn(spec));
+            if let Some(spec) = self.spawn_spec(&id) {
+                out.push(Action::Spawn(spec));
+            }
         }
         for (model, why) in blocked {
             if let Some(m) = self.models.get_mut(&model) {
@@ -346,10 +367,11 @@ impl Node {
         }
     }
 
-    fn spawn_spec(&self, id: &ReplicaId) -> SpawnSpec {
-        let r = &self.replicas[id];
+    fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
+        let r = self.replicas.get(id)?;
         // The configuration the replica was made from: during a rollout, old or new.
-        let c = self.models[&r.model].config_of(r.spec);
+        let model_config = self.models.get(&r.model)?.config_of(&r.spec);
+        let c = &model_config.launch;
         let vars = self.placeholders(r);
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
@@ -371,7 +393,7 @@ impl Node {
         env.push(("HEARTH_MODEL".into(), r.model.clone()));
         env.push(("HEARTH_REPLICA".into(), r.id.0.clone()));
         env.push(("HEARTH_PORT".into(), r.port.unwrap_or(0).to_string()));
-        SpawnSpec {
+        Some(SpawnSpec {
             replica: id.clone(),
             model: r.model.clone(),
             command: c.command.iter().map(|s| expand(s)).collect(),
@@ -379,10 +401,14 @@ impl Node {
             user: c.user.clone(),
             port: r.port.unwrap_or(0),
             gpus: uuids,
-        }
+            stop_grace: model_config.stop_grace,
+        })
     }
 
     fn reconcile_shutdown(&mut self, now: Time, out: &mut Vec<Action>) {
+        let Some(deadline) = self.shutdown.as_ref().map(|s| s.deadline) else {
+            return;
+        };
         let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
         for id in ids {
             let Some(r) = self.replicas.get(&id) else {
@@ -399,9 +425,10 @@ impl Node {
                         .get(&r.model)
                         .map(|m| m.config.stop_grace)
                         .unwrap_or_default();
-                    let limit = self.shutdown.as_ref().expect("shutting down").deadline - grace;
-                    let r = self.replicas.get_mut(&id).expect("present");
-                    r.deadline = r.deadline.map(|d| d.min(limit));
+                    let limit = deadline - grace;
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        r.deadline = r.deadline.map(|d| d.min(limit));
+                    }
                 }
                 ReplicaState::Stopping => {}
             }

@@ -1,10 +1,13 @@
 //! One replica and its lifecycle states.
 
 use std::fmt;
+use std::sync::Arc;
 
-use super::event::QueueTime;
+use super::event::{QueueTime, Usage};
 use super::signal::ReplicaSignal;
 use super::Time;
+use crate::config::LaunchSpec;
+pub use crate::protocol::ReplicaState;
 
 /// `MODEL-N`, N increasing for the daemon's life.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -25,54 +28,23 @@ impl fmt::Display for ReplicaId {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ReplicaState {
-    /// Waiting for GPU room, a port, or the restart back-off. No process.
-    Pending,
-    /// Process spawned (or being spawned); warm-up not yet passed.
-    Starting,
-    /// Warm-up passed; ready but not routed.
-    Warm,
-    /// In the routed set.
-    Routed,
-    /// Unrouted, finishing in-flight work.
-    Draining,
-    /// Signalled to stop; waiting for the process to exit. Still holds its port and GPUs.
-    Stopping,
-}
-
-impl ReplicaState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplicaState::Pending => "pending",
-            ReplicaState::Starting => "starting",
-            ReplicaState::Warm => "warm",
-            ReplicaState::Routed => "routed",
-            ReplicaState::Draining => "draining",
-            ReplicaState::Stopping => "stopping",
-        }
-    }
-    /// Holds a process (and so a port and its GPU reservation).
-    pub fn has_process(self) -> bool {
-        !matches!(self, ReplicaState::Pending)
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Replica {
     pub id: ReplicaId,
     /// The N of `MODEL-N`: creation order within the model.
     pub n: u64,
     pub model: String,
-    /// The model's version when this replica was created.
+    /// `spec.version`, for views.
     pub version: String,
-    /// `model::spec_of` the configuration it was made from.
-    pub spec: u64,
+    /// What it was made from: it belongs to a configuration whose launch spec is `==` to this.
+    pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
     pub ever_warm: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
+    /// The number of the event (`Node::events`) in which it entered `state`.
+    pub since_event: u64,
     pub created: Time,
     /// When the process was asked for (Starting); time-to-ready is measured from here.
     pub spawned_at: Option<Time>,
@@ -117,19 +89,22 @@ pub struct Replica {
     pub last_scraped: Option<Time>,
     /// The queue-time totals of the last scrape that had them.
     pub scraped_queue_time: Option<QueueTime>,
+    /// Memory and CPU of its processes, as the shell last sampled them.
+    pub usage: Usage,
 }
 
 impl Replica {
-    pub fn new(model: &str, n: u64, version: &str, spec: u64, now: Time, restarts: u32) -> Self {
+    pub fn new(model: &str, n: u64, spec: Arc<LaunchSpec>, now: Time, restarts: u32) -> Self {
         Replica {
             id: ReplicaId::new(model, n),
             n,
             model: model.to_string(),
-            version: version.to_string(),
+            version: spec.version.clone(),
             spec,
             ever_warm: false,
             state: ReplicaState::Pending,
             since: now,
+            since_event: 0,
             created: now,
             spawned_at: None,
             pid: None,
@@ -155,6 +130,7 @@ impl Replica {
             gpu_used: Default::default(),
             overrun_warned: false,
             scraped_queue_time: None,
+            usage: Usage::default(),
         }
     }
 

@@ -73,11 +73,12 @@ impl ReplicaSignal {
         // Reports can come far faster than rates need: keep samples at least
         // `MIN_SAMPLE_GAP` apart by letting the newest replace the last until the gap is there,
         // so each report costs the same however many arrive.
-        let n = self.history.len();
-        if n >= 2 && s.at.since(self.history[n - 2].at) < MIN_SAMPLE_GAP {
-            self.history[n - 1] = s;
-        } else {
-            self.history.push_back(s);
+        let close = (self.history.len().checked_sub(2))
+            .and_then(|i| self.history.get(i))
+            .is_some_and(|before| s.at.since(before.at) < MIN_SAMPLE_GAP);
+        match self.history.back_mut() {
+            Some(last) if close => *last = s,
+            _ => self.history.push_back(s),
         }
         while let Some(first) = self.history.front() {
             if self.history.len() > 2 && s.at.since(first.at) > RATE_WINDOW {

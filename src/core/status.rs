@@ -1,12 +1,13 @@
 //! The status view: what `hearth status` and the metrics show.
 
-use serde_json::json;
-
+use super::model::ModelState;
 use super::node::Node;
 use super::replica::ReplicaState;
 use super::Time;
 use crate::config::WarmPool;
-use crate::protocol::{ModelView, ReplicaView, ScaleView, SignalView, StatusView};
+use crate::protocol::{
+    Health, ModelView, ReplicaView, RolloutView, ScaleView, SignalView, StatusView, WarmPoolSetting,
+};
 
 impl Node {
     pub fn status(&self, model: Option<&str>, now: Time) -> StatusView {
@@ -14,7 +15,7 @@ impl Node {
             .models
             .values()
             .filter(|m| model.is_none_or(|name| name == m.name()))
-            .map(|m| self.model_view(m.name(), now))
+            .map(|m| self.model_view(m, now))
             .collect();
         StatusView {
             models,
@@ -22,8 +23,8 @@ impl Node {
         }
     }
 
-    fn model_view(&self, name: &str, now: Time) -> ModelView {
-        let m = &self.models[name];
+    fn model_view(&self, m: &ModelState, now: Time) -> ModelView {
+        let name = m.name();
         let c = self.counts(name);
         let draining = self
             .replicas
@@ -35,7 +36,7 @@ impl Node {
             .count() as u32;
         let (health, health_reason) = if m.crash_looping() {
             (
-                "crash_loop",
+                Health::CrashLoop,
                 format!(
                     "{} failures in 10 min; last: {}",
                     m.failures.len(),
@@ -43,9 +44,9 @@ impl Node {
                 ),
             )
         } else if let Some(why) = &m.no_capacity {
-            ("no_capacity", why.clone())
+            (Health::NoCapacity, why.clone())
         } else {
-            ("ok", String::new())
+            (Health::Ok, String::new())
         };
         let signal = match self.model_signal(name, now) {
             Some(s) => SignalView {
@@ -60,8 +61,8 @@ impl Node {
         replicas.sort_by_key(|r| r.n);
         ModelView {
             name: name.to_string(),
-            version: m.config.version.clone(),
-            health: health.to_string(),
+            version: m.config.launch.version.clone(),
+            health,
             health_reason,
             // Every routed replica, those on their way out (old version, device being left)
             // included: they still serve, and the routed set watchers see holds them.
@@ -75,8 +76,8 @@ impl Node {
             min: m.min(),
             max: m.max(),
             warm_pool: match m.warm_pool_setting() {
-                WarmPool::Fixed(n) => json!(n),
-                WarmPool::Auto => json!("auto"),
+                WarmPool::Fixed(n) => WarmPoolSetting::Count(n),
+                WarmPool::Auto => WarmPoolSetting::AUTO,
             },
             target_wait_ms: m.config.scaling.target_wait.as_millis() as u64,
             signal,
@@ -86,21 +87,17 @@ impl Node {
                 to: s.to,
                 reason: s.reason.clone(),
             }),
-            rollout: m.rollout.as_ref().map(|r| match &r.halted {
-                Some(halted) => halted.clone(),
-                None => {
-                    let updated = self
-                        .replicas
-                        .values()
-                        .filter(|x| {
-                            x.model == name && x.spec == m.spec && x.state == ReplicaState::Routed
-                        })
-                        .count();
-                    format!(
-                        "rolling out version {} (from {}): {updated} routed replica(s) updated",
-                        m.config.version, r.previous.version
-                    )
-                }
+            rollout: m.rollout.as_ref().map(|r| RolloutView {
+                version: m.config.launch.version.clone(),
+                from: r.previous.launch.version.clone(),
+                updated: self
+                    .replicas
+                    .values()
+                    .filter(|x| {
+                        x.model == name && x.spec == m.spec && x.state == ReplicaState::Routed
+                    })
+                    .count() as u32,
+                halted: r.halted.clone(),
             }),
             time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
             restarts_total: m.total_restarts,
@@ -108,7 +105,7 @@ impl Node {
                 .into_iter()
                 .map(|r| ReplicaView {
                     id: r.id.0.clone(),
-                    state: r.state.as_str().to_string(),
+                    state: r.state,
                     pid: r.pid,
                     port: r.port,
                     addr: r.addr(),
@@ -123,6 +120,8 @@ impl Node {
                     } else {
                         String::new()
                     },
+                    rss_bytes: r.usage.rss_bytes,
+                    cpu_seconds: r.usage.cpu_seconds,
                 })
                 .collect(),
         }

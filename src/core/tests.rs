@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::config::Config;
+use crate::protocol::Health;
 use crate::protocol::{Report, Request, Role, WatchEvent};
 
 pub(super) const BASE: &str = r#"
@@ -102,10 +103,35 @@ impl Harness {
         let out = self.send(Event::Request { id, peer, request });
         out.into_iter()
             .find_map(|a| match a {
-                Action::Reply { id: i, response } if i == id => Some(response),
+                Action::Reply { id: i, answer } if i == id => {
+                    // As the socket writes it, so that tests read what a client reads.
+                    serde_json::from_str(&crate::protocol::encode_answer(&answer)).ok()
+                }
                 _ => None,
             })
             .expect("every request is answered")
+    }
+
+    /// SIGHUP with `toml` as the file: the core asks for the file, the shell reads it. Returns
+    /// what the core did with it.
+    pub fn reload(&mut self, toml: &str) -> Vec<Action> {
+        let config = Config::parse(toml, Path::new("reload.toml")).expect("test config parses");
+        self.reload_config(config)
+    }
+
+    /// SIGHUP with a file that reads as `config`.
+    pub fn reload_config(&mut self, config: Config) -> Vec<Action> {
+        let asked = self.send(Event::ReloadSignal);
+        assert!(
+            asked.contains(&Action::ReadConfig {
+                cause: ReloadCause::Signal
+            }),
+            "{asked:?}"
+        );
+        self.send(Event::ConfigRead(Ok(Box::new(NewConfig {
+            config,
+            warnings: Vec::new(),
+        }))))
     }
 
     pub fn report(
@@ -312,6 +338,44 @@ fn a_dead_routed_replica_is_replaced_by_promotion_at_once_and_the_pool_refills()
     assert_eq!(h.in_state("m", ReplicaState::Warm).len(), 1);
 }
 
+fn readiness(actions: &[Action]) -> Vec<(ReplicaId, Readiness)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Ready { replica, how, .. } => Some((replica.clone(), *how)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn time_to_ready_is_the_core_s_figure_and_a_promotion_counts_when_the_replica_was_warm_before() {
+    let mut h = Harness::new(&static_pool(2, 1));
+    let first = h.log.clone();
+    let ids = h.spawn_all(&first);
+    assert_eq!(ids.len(), 3);
+    h.now = h.now + Duration::from_millis(1500);
+    // Warm and routed in the same event: it filled a gap with a cold start, so cold only.
+    let out = h.warm(&ids[0]);
+    assert_eq!(h.in_state("m", ReplicaState::Routed), [ids[0].clone()]);
+    assert_eq!(
+        readiness(&out),
+        [(ids[0].clone(), Readiness::Cold(Duration::from_millis(1500)))]
+    );
+    let st = h.node.status(Some("m"), h.now);
+    assert_eq!(st.models[0].time_to_ready_ms, Some(1500), "the same figure");
+    h.settle(Vec::new());
+    for id in &ids[1..] {
+        h.warm(id);
+    }
+    let routed = h.in_state("m", ReplicaState::Routed);
+    let warm = h.in_state("m", ReplicaState::Warm);
+    assert_eq!((routed.len(), warm.len()), (2, 1));
+    // A warm replica routed by a later event is a promotion.
+    let out = h.exit(&routed[0], "killed by SIGKILL");
+    assert_eq!(readiness(&out), [(warm[0].clone(), Readiness::Promoted)]);
+}
+
 #[test]
 fn warm_up_failures_retry_soon_while_loading_and_slowly_when_wrong() {
     let mut h = Harness::new(&static_pool(1, 0));
@@ -388,7 +452,7 @@ fn a_replica_that_never_warms_is_stopped_and_restarts_back_off_longer_each_time(
         assert!(*g >= want && *g < want + 500, "gaps {gaps:?}");
     }
     let st = h.node.status(Some("m"), h.now);
-    assert_eq!(st.models[0].health, "crash_loop");
+    assert_eq!(st.models[0].health, Health::CrashLoop);
     assert!(
         st.models[0].health_reason.contains("warm-up did not pass"),
         "{}",
@@ -605,7 +669,7 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], s.gpus[0]);
     }
     let st = h.node.status(Some("g"), h.now);
-    assert_eq!(st.models[0].health, "no_capacity");
+    assert_eq!(st.models[0].health, Health::NoCapacity);
     assert!(
         st.models[0]
             .health_reason
@@ -663,6 +727,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(77),
         pgid: Some(77),
+        replica: None,
         role: Role::None,
     };
     let rep = |replica: Option<&str>| {
@@ -681,6 +746,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: Some(pid + 5),
         pgid: Some(pid),
+        replica: None,
         role: Role::None,
     };
     assert_eq!(
@@ -701,6 +767,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reader,
     };
     assert_eq!(h.request(reader.clone(), rep(None))["error"], "forbidden");
@@ -721,6 +788,7 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         uid: 1234,
         pid: None,
         pgid: None,
+        replica: None,
         role: Role::Reporter,
     };
     assert_eq!(
@@ -750,7 +818,7 @@ fn status_explains_pending_replicas() {
     h.exit(&ids[0], "exit status 1");
     let st = h.node.status(Some("m"), h.now);
     let r = &st.models[0].replicas[0];
-    assert_eq!(r.state, "pending");
+    assert_eq!(r.state, ReplicaState::Pending);
     assert!(r.reason.starts_with("restart back-off"), "{}", r.reason);
     assert!(st.models[0].replicas[0].restarts >= 1);
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::config::{Config, WarmPool};
 use crate::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, ReplicaId, Time};
-use crate::protocol::{Report, Request, WatchEvent};
+use crate::protocol::{ReplicaState, Report, Request, WatchEvent, WatchedState};
 
 use super::engine::{Driver, Ev, Sim};
 use super::Us;
@@ -34,7 +34,7 @@ pub struct HearthDriver {
     tick: Us,
     by_id: BTreeMap<String, u32>,
     /// The core's last published state of each replica, by sim index.
-    state: BTreeMap<u32, String>,
+    state: BTreeMap<u32, WatchedState>,
     routed: BTreeSet<u32>,
     /// Spawned while building the initial fleet: warm at once.
     prewarmed: BTreeSet<u32>,
@@ -48,6 +48,18 @@ pub struct HearthDriver {
     finishing: BTreeSet<u32>,
 }
 
+/// A replica reports its queue every second, as a real server would while it serves (routed)
+/// or finishes its work (draining), and a warm one while it finishes what it held when it left
+/// the routed set (and once more when it has finished).
+fn reports(s: &WatchedState, x: &super::cluster::Replica, finishing: bool) -> bool {
+    x.alive()
+        && match s {
+            WatchedState::State(ReplicaState::Routed | ReplicaState::Draining) => true,
+            WatchedState::State(ReplicaState::Warm) => x.in_flight() > 0 || finishing,
+            _ => false,
+        }
+}
+
 fn time(us: Us) -> Time {
     Time(Duration::from_micros(us))
 }
@@ -58,8 +70,8 @@ impl HearthDriver {
         // The simulated host has room for every replica: placement is not what is measured.
         config.models.retain(|m| m.name == model);
         for m in &mut config.models {
-            m.gpus = 0;
-            m.gpu_memory = None;
+            m.launch.gpus = 0;
+            m.launch.gpu_memory = None;
             if !pool {
                 m.scaling.warm_pool = WarmPool::Fixed(0);
             }
@@ -200,7 +212,10 @@ impl HearthDriver {
             }
             Action::Publish(WatchEvent::Replica { replica, state, .. }) => {
                 if let Some(&r) = self.by_id.get(&replica) {
-                    if state == "draining" || state == "stopping" {
+                    if matches!(
+                        state,
+                        WatchedState::State(ReplicaState::Draining | ReplicaState::Stopping)
+                    ) {
                         sim.cl.replicas[r as usize].draining = true;
                     }
                     self.state.insert(r, state);
@@ -269,14 +284,6 @@ impl Driver for HearthDriver {
     }
 
     fn on_second(&mut self, sim: &mut Sim) {
-        // Routed and draining replicas report; so does a warm one while it finishes what it
-        // held when it left the routed set (and once more when it has finished).
-        let reports = |state: &str, x: &super::cluster::Replica, finishing: bool| {
-            x.alive()
-                && (state == "routed"
-                    || state == "draining"
-                    || (state == "warm" && (x.in_flight() > 0 || finishing)))
-        };
         let reporting: Vec<u32> = self
             .state
             .iter()
@@ -292,7 +299,12 @@ impl Driver for HearthDriver {
                 .state
                 .get(&r)
                 .is_some_and(|s| reports(s, x, self.finishing.contains(&r)));
-            if x.in_flight() > 0 && self.state.get(&r).is_some_and(|s| s == "warm") {
+            if x.in_flight() > 0
+                && self
+                    .state
+                    .get(&r)
+                    .is_some_and(|s| *s == WatchedState::State(ReplicaState::Warm))
+            {
                 self.finishing.insert(r);
             } else {
                 self.finishing.remove(&r);

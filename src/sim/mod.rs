@@ -450,7 +450,8 @@ pub fn main(a: SimArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return usage(e),
     };
-    let config = match Config::load(&config_path) {
+    // The simulator runs no command and binds no port: it reads the file's values only.
+    let config = match Config::load_with(&config_path, crate::config::Checks::Values) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hearth simulate: {e}");

@@ -136,7 +136,7 @@ impl Baseline for Ray {
 
     fn on_second(&mut self, sim: &Sim, dep: &Deployment) {
         let now = sim.now;
-        if now % METRICS_INTERVAL != 0 {
+        if !now.is_multiple_of(METRICS_INTERVAL) {
             return;
         }
         let ongoing: u64 = dep

@@ -1,0 +1,712 @@
+//! Replica containment: where a replica's processes live, so that nothing it forks outlives its
+//! stop, its memory and CPU can be read, a peer on the socket can be told to be one of its
+//! processes, and what an earlier run left behind can be found. Chosen once at start, in this
+//! order, and logged:
+//!
+//! - **systemd scopes** (`scope.rs`): systemd is PID 1 (/run/systemd/system) and answers on the
+//!   system bus. Each replica is the transient unit `INSTANCE-REPLICA.scope` in
+//!   `INSTANCE.slice`.
+//! - **a cgroup2 subtree** (`subtree.rs`): cgroup v2 is mounted and writable. Each replica is the
+//!   cgroup `MOUNT/INSTANCE/REPLICA`, outside the daemon's own cgroup.
+//! - **process groups** (`groups.rs`): each replica is its process group, with PDEATHSIG, and
+//!   hearth is a child subreaper.
+//!
+//! In the first two, a child is placed between fork and exec (`gate.rs`), before it can fork.
+//! INSTANCE is `hearth` for the default `state_dir` (/var/lib/hearth), `hearth-HASH` for any
+//! other (a stable hash of the path), so that two daemons with their own state never touch each
+//! other's replicas; an abstract socket named after it keeps a second daemon of the same
+//! instance from starting. The names carry the replica id: what an earlier run left is found
+//! by listing them ([`Containment::leftovers`]), which the outlive issue turns into adoption.
+
+mod cgroup;
+mod gate;
+mod groups;
+pub mod listeners;
+pub mod procfs;
+mod scope;
+mod subtree;
+
+use std::collections::BTreeMap;
+use std::os::linux::net::SocketAddrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+pub use cgroup::Cgroup;
+pub use gate::{ChildSide, Gate};
+
+use super::inbox::EventSink;
+use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal, Usage};
+
+/// The default `state_dir`, whose instance is plain `hearth`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/hearth";
+/// How long a stop waits for a cgroup to empty after SIGKILL.
+const EMPTY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The name of this daemon's slice, subtree and lock: `hearth` for the default state_dir,
+/// `hearth-` and 16 hex digits of the path's FNV-1a hash otherwise. Stable across builds and
+/// compilers (unlike std's hasher): the next run of the same daemon must find the same names.
+pub fn instance_for(state_dir: &Path) -> String {
+    if state_dir == Path::new(DEFAULT_STATE_DIR) {
+        return "hearth".to_string();
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in state_dir.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("hearth-{h:016x}")
+}
+
+/// Forces a containment instead of the strongest the host allows: `scopes`, `cgroup` (the
+/// daemon refuses to start without it) or `groups`; `auto` (the default) picks.
+pub const CONTAINMENT_ENV: &str = "HEARTH_CONTAINMENT";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Auto,
+    Scopes,
+    Cgroup,
+    Groups,
+}
+
+impl Wanted {
+    fn from_env() -> anyhow::Result<Wanted> {
+        let v = std::env::var(CONTAINMENT_ENV).unwrap_or_default();
+        Ok(match v.as_str() {
+            "" | "auto" => Wanted::Auto,
+            "scopes" => Wanted::Scopes,
+            "cgroup" => Wanted::Cgroup,
+            "groups" => Wanted::Groups,
+            other => anyhow::bail!(
+                "{CONTAINMENT_ENV}={other:?}: expected auto, scopes, cgroup or groups"
+            ),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Wanted::Auto => "auto",
+            Wanted::Scopes => "scopes",
+            Wanted::Cgroup => "cgroup",
+            Wanted::Groups => "groups",
+        }
+    }
+}
+
+/// Which containment this host gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Scopes,
+    Subtree,
+    Groups,
+}
+
+enum Backend {
+    Scopes(scope::Scopes),
+    Subtree(subtree::Subtree),
+    Groups(groups::Groups),
+}
+
+/// A live replica: its leader, and the cgroup it is in where there is one.
+#[derive(Debug, Clone)]
+struct Entry {
+    pid: u32,
+    cgroup: Option<Cgroup>,
+}
+
+/// What an earlier run left: a replica's cgroup or scope and the processes in it.
+#[derive(Debug, Clone)]
+pub struct Leftover {
+    /// The replica id its name carries.
+    pub replica: String,
+    /// The cgroup directory or the unit, for the log.
+    pub location: String,
+    /// (pid, start time in clock ticks) of each process in it: with issue 14's adoption, the
+    /// proof that a process is the one that was started.
+    pub processes: Vec<(u32, u64)>,
+    cgroup: Option<Cgroup>,
+}
+
+/// Made before fork for a replica about to start; `place` uses it during the gate.
+pub struct Placement {
+    replica: ReplicaId,
+    model: String,
+    stop_grace: Duration,
+    /// The subtree's cgroup, created empty; for scopes, the scope's cgroup once placed.
+    cgroup: Mutex<Option<Cgroup>>,
+}
+
+pub struct Containment {
+    mode: Mode,
+    backend: Backend,
+    instance: String,
+    live: Mutex<BTreeMap<ReplicaId, Entry>>,
+    /// Spawns between fork and registration (see groups.rs).
+    spawning: AtomicUsize,
+    _lock: std::os::unix::net::UnixListener,
+}
+
+impl Containment {
+    /// Takes the instance lock and picks the containment this host allows.
+    pub fn open(state_dir: &Path, runtime: tokio::runtime::Handle) -> anyhow::Result<Containment> {
+        let instance = instance_for(state_dir);
+        let lock = lock(&instance).map_err(|e| {
+            anyhow::anyhow!(
+                "another hearth daemon runs with state_dir {} (instance {instance}): {e}",
+                state_dir.display()
+            )
+        })?;
+        let mount = cgroup::mount();
+        let wanted = Wanted::from_env()?;
+        let mut why_not: Vec<String> = Vec::new();
+        let backend = 'pick: {
+            if matches!(wanted, Wanted::Auto | Wanted::Scopes) {
+                if Path::new("/run/systemd/system").exists() {
+                    match scope::Scopes::connect(runtime, &instance, mount.clone()) {
+                        Ok(s) => break 'pick Backend::Scopes(s),
+                        Err(e) => why_not.push(format!("systemd: {e}")),
+                    }
+                } else {
+                    why_not.push("systemd is not PID 1".into());
+                }
+            }
+            if matches!(wanted, Wanted::Auto | Wanted::Cgroup) {
+                match &mount {
+                    Some(m) => match subtree::Subtree::open(m, &instance) {
+                        Ok(s) => break 'pick Backend::Subtree(s),
+                        Err(e) => why_not.push(format!("cgroup2: {e}")),
+                    },
+                    None => why_not.push("no cgroup2 mount".into()),
+                }
+            }
+            if !matches!(wanted, Wanted::Auto | Wanted::Groups) {
+                anyhow::bail!(
+                    "{CONTAINMENT_ENV}={} cannot be had here: {}",
+                    wanted.name(),
+                    why_not.join("; ")
+                );
+            }
+            if wanted == Wanted::Groups {
+                why_not.push(format!("{CONTAINMENT_ENV}=groups"));
+            }
+            Backend::Groups(groups::Groups::open().map_err(anyhow::Error::msg)?)
+        };
+        let mode = match &backend {
+            Backend::Scopes(_) => Mode::Scopes,
+            Backend::Subtree(_) => Mode::Subtree,
+            Backend::Groups(_) => Mode::Groups,
+        };
+        let c = Containment {
+            mode,
+            backend,
+            instance,
+            live: Mutex::new(BTreeMap::new()),
+            spawning: AtomicUsize::new(0),
+            _lock: lock,
+        };
+        tracing::info!("containment: {}", c.describe());
+        if !why_not.is_empty() && mode != Mode::Scopes {
+            tracing::info!("containment: not stronger because {}", why_not.join("; "));
+        }
+        Ok(c)
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The one line the log says at start.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Scopes(s) => format!("systemd scopes under {}", s.slice),
+            Backend::Subtree(s) => {
+                let ctl = if s.controllers.is_empty() {
+                    "no controllers: memory and CPU summed over processes".to_string()
+                } else {
+                    format!("controllers: {}", s.controllers.join(" "))
+                };
+                format!("cgroup2 subtree at {} ({ctl})", s.path().display())
+            }
+            Backend::Groups(_) => {
+                "process groups + PDEATHSIG + subreaper (no writable cgroup2)".to_string()
+            }
+        }
+    }
+
+    /// Where the subtree is (cgroup2 mode).
+    pub fn subtree(&self) -> Option<PathBuf> {
+        match &self.backend {
+            Backend::Subtree(s) => Some(s.path()),
+            _ => None,
+        }
+    }
+
+    // ---- what an earlier run left --------------------------------------------------------
+
+    /// Replica cgroups or scopes that exist before this run started any: an earlier run's.
+    /// None can be found with process groups only.
+    pub fn leftovers(&self) -> Vec<Leftover> {
+        let found: Vec<(String, String, Option<Cgroup>)> = match &self.backend {
+            Backend::Subtree(s) => s
+                .list()
+                .into_iter()
+                .map(|(r, cg)| (r, cg.dir.display().to_string(), Some(cg)))
+                .collect(),
+            Backend::Scopes(s) => match s.list() {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("listing the scopes of {}: {e}", s.slice);
+                    Vec::new()
+                }
+            },
+            Backend::Groups(_) => Vec::new(),
+        };
+        found
+            .into_iter()
+            .map(|(replica, location, cgroup)| {
+                let processes = cgroup
+                    .as_ref()
+                    .map(|c| c.procs_recursive())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|p| Some((p, procfs::stat(p)?.start_ticks)))
+                    .collect();
+                Leftover {
+                    replica,
+                    location,
+                    processes,
+                    cgroup,
+                }
+            })
+            .collect()
+    }
+
+    /// Stops a leftover: everything in it is killed and it is removed.
+    pub fn stop_leftover(&self, l: &Leftover) -> Result<(), String> {
+        match &self.backend {
+            Backend::Subtree(_) => match &l.cgroup {
+                Some(cg) => cg.kill_and_remove(EMPTY_PATIENCE).map(|_| ()),
+                None => Ok(()),
+            },
+            Backend::Scopes(s) => s.stop(&l.replica),
+            Backend::Groups(_) => Ok(()),
+        }
+    }
+
+    /// At start: stops every leftover, saying what each held.
+    pub fn stop_leftovers(&self) {
+        for l in self.leftovers() {
+            let what = if l.processes.is_empty() {
+                "empty".to_string()
+            } else {
+                let procs: Vec<String> = l
+                    .processes
+                    .iter()
+                    .map(|(p, _)| procfs::describe(*p))
+                    .collect();
+                format!("{} process(es): {}", procs.len(), procs.join(", "))
+            };
+            match self.stop_leftover(&l) {
+                Ok(()) => tracing::warn!(
+                    replica = %l.replica,
+                    "stopped what an earlier run left in {}: {what}",
+                    l.location
+                ),
+                Err(e) => tracing::error!(
+                    replica = %l.replica,
+                    "could not stop what an earlier run left in {} ({what}): {e}",
+                    l.location
+                ),
+            }
+        }
+    }
+
+    // ---- starting a replica --------------------------------------------------------------
+
+    /// Before fork: the replica's cgroup, created empty (cgroup2 mode).
+    pub fn prepare(&self, spec: &SpawnSpec) -> Result<Placement, String> {
+        let cgroup = match &self.backend {
+            Backend::Subtree(s) => Some(s.create(spec.replica.as_str())?),
+            _ => None,
+        };
+        Ok(Placement {
+            replica: spec.replica.clone(),
+            model: spec.model.clone(),
+            stop_grace: spec.stop_grace,
+            cgroup: Mutex::new(cgroup),
+        })
+    }
+
+    /// The child must wait between fork and exec until `place` has run.
+    pub fn gated(&self) -> bool {
+        self.mode != Mode::Groups
+    }
+
+    /// A spawn is under way (between fork and `register`).
+    pub fn spawning(&self) -> SpawnGuard<'_> {
+        self.spawning.fetch_add(1, Ordering::AcqRel);
+        SpawnGuard(self)
+    }
+
+    /// Puts the waiting child in its cgroup or scope.
+    pub fn place(&self, p: &Placement, pid: u32) -> Result<(), String> {
+        match &self.backend {
+            Backend::Subtree(_) => {
+                let cg = p.cgroup.lock().unwrap_or_else(|e| e.into_inner());
+                match cg.as_ref() {
+                    Some(cg) => cg
+                        .attach(pid)
+                        .map_err(|e| format!("moving pid {pid} into {}: {e}", cg.dir.display())),
+                    None => Err("no cgroup prepared".into()),
+                }
+            }
+            Backend::Scopes(s) => {
+                let description = format!("hearth replica {} (model {})", p.replica, p.model);
+                let cg = s.start(p.replica.as_str(), &description, pid, p.stop_grace)?;
+                *p.cgroup.lock().unwrap_or_else(|e| e.into_inner()) = Some(cg);
+                Ok(())
+            }
+            Backend::Groups(_) => Ok(()),
+        }
+    }
+
+    /// The spawn failed: what was made for it goes.
+    pub fn discard(&self, p: Placement) {
+        let cg = p.cgroup.into_inner().unwrap_or_else(|e| e.into_inner());
+        match &self.backend {
+            Backend::Subtree(_) => {
+                if let Some(cg) = cg {
+                    let _ = cg.kill_and_remove(EMPTY_PATIENCE);
+                }
+            }
+            Backend::Scopes(s) if cg.is_some() => {
+                let _ = s.stop(p.replica.as_str());
+            }
+            _ => {}
+        }
+    }
+
+    /// The child runs: from now on it is the replica's leader.
+    pub fn register(&self, p: Placement, pid: u32) {
+        let cgroup = p.cgroup.into_inner().unwrap_or_else(|e| e.into_inner());
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p.replica, Entry { pid, cgroup });
+    }
+
+    // ---- stopping ------------------------------------------------------------------------
+
+    /// SIGTERM goes to the leader's process group: the server's own graceful stop, as its
+    /// workers expect it; SIGKILL too, and then (`kill_rest`) to every process of the replica.
+    pub fn signal_group(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
+        let sig = match signal {
+            StopSignal::Term => Signal::SIGTERM,
+            StopSignal::Kill => Signal::SIGKILL,
+        };
+        match killpg(Pid::from_raw(pid as i32), sig) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => tracing::warn!(replica = %replica, pid, "could not send {sig:?}: {e}"),
+        }
+    }
+
+    /// SIGKILL to every process of the replica but through its process group: its cgroup's
+    /// (`cgroup.kill`; a scope's processes one by one, since under systemd the cgroup file
+    /// system is read-only to hearth), or those the process-group walk finds. Blocking (it
+    /// reads /proc): off the event loop.
+    pub fn kill_rest(&self, replica: &ReplicaId) {
+        let entry = self.entry(replica);
+        match (
+            &self.backend,
+            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
+        ) {
+            (Backend::Subtree(_), Some(cg)) => {
+                let _ = cg.kill();
+            }
+            (Backend::Scopes(_), Some(cg)) => {
+                for p in cg.procs_recursive() {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+                }
+            }
+            (Backend::Groups(g), _) => {
+                if let Some(e) = &entry {
+                    for p in self.groups_members(g, replica, e.pid) {
+                        let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The leader has exited: whatever the replica left goes with it (setsid'd workers and
+    /// daemonized grandchildren included), and its cgroup or scope is removed. Blocking: waits
+    /// for the processes to be gone. What was killed, for the log.
+    pub fn release(&self, replica: &ReplicaId, pid: u32) -> Option<String> {
+        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let entry = self.entry(replica);
+        let result = match (
+            &self.backend,
+            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
+        ) {
+            (Backend::Subtree(_), Some(cg)) => cg.kill_and_remove(EMPTY_PATIENCE),
+            (Backend::Scopes(s), cg) => {
+                let n = cg.map_or(0, |c| c.procs_recursive().len());
+                s.stop(replica.as_str()).map(|()| n)
+            }
+            (Backend::Groups(g), _) => Ok(self.release_group(g, replica, pid)),
+            _ => Ok(0),
+        };
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(replica);
+        match result {
+            Ok(0) => None,
+            Ok(n) => Some(format!("killed {n} process(es) it left behind")),
+            Err(e) => Some(format!("could not clear what it left: {e}")),
+        }
+    }
+
+    fn release_group(&self, g: &groups::Groups, replica: &ReplicaId, leader: u32) -> usize {
+        let deadline = Instant::now() + EMPTY_PATIENCE;
+        let mut killed = std::collections::BTreeSet::new();
+        loop {
+            let left = self.groups_members(g, replica, leader);
+            if left.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for p in left {
+                killed.insert(p);
+                let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        g.forget(replica);
+        killed.len()
+    }
+
+    /// The replica's processes, by the process-group backend's walk (its leader included in
+    /// the walk even once it has exited, so that its orphans are still attributed to it).
+    fn groups_members(&self, g: &groups::Groups, replica: &ReplicaId, leader: u32) -> Vec<u32> {
+        let mut leaders = self.leaders();
+        leaders.insert(replica.clone(), leader);
+        let spawning = self.spawning.load(Ordering::Acquire) > 0;
+        g.scan(&leaders, spawning)
+            .remove(replica)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| procfs::stat(*p).is_some_and(|s| s.alive()))
+            .collect()
+    }
+
+    /// At exit: nothing of ours is left; the subtree goes if empty.
+    pub fn close(&self) {
+        if let Backend::Subtree(s) = &self.backend {
+            s.remove_if_empty();
+        }
+    }
+
+    // ---- reading ---------------------------------------------------------------------------
+
+    fn entry(&self, replica: &ReplicaId) -> Option<Entry> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(replica)
+            .cloned()
+    }
+
+    fn leaders(&self) -> BTreeMap<ReplicaId, u32> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(r, e)| (r.clone(), e.pid))
+            .collect()
+    }
+
+    /// The live replica whose cgroup or scope holds `pid`; None where there are no cgroups
+    /// (the core then goes by process group).
+    pub fn replica_of_pid(&self, pid: u32) -> Option<ReplicaId> {
+        if self.mode == Mode::Groups {
+            return None;
+        }
+        let cg = procfs::cgroup_of(pid)?;
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.iter().find_map(|(r, e)| {
+            let dir = &e.cgroup.as_ref()?.dir;
+            dir.to_str()?.ends_with(cg.as_str()).then(|| r.clone())
+        })
+    }
+
+    /// Every live process of the replica.
+    pub fn members(&self, replica: &ReplicaId) -> Vec<u32> {
+        let Some(e) = self.entry(replica) else {
+            return Vec::new();
+        };
+        match (&self.backend, &e.cgroup) {
+            (Backend::Groups(g), _) => self.groups_members(g, replica, e.pid),
+            (_, Some(cg)) => cg.procs_recursive(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Checks that every listening socket on `port` that can answer loopback belongs to a
+    /// process of the replica. The error names who holds it instead.
+    pub fn verify_listener(&self, replica: &ReplicaId, port: u16) -> Result<(), String> {
+        let listeners: Vec<_> = listeners::listening_on(port)
+            .into_iter()
+            .filter(|l| l.local)
+            .collect();
+        if listeners.is_empty() {
+            return Err(format!("nothing listens on port {port} on loopback"));
+        }
+        let members = self.members(replica);
+        let mut all: Option<Vec<u32>> = None;
+        for l in listeners {
+            if listeners::holder_among(l.inode, &members).is_some() {
+                continue;
+            }
+            let everyone = all.get_or_insert_with(procfs::pids);
+            let who = match listeners::holder_among(l.inode, everyone) {
+                Some(p) => procfs::describe(p),
+                None => "a process hearth cannot see".to_string(),
+            };
+            return Err(format!(
+                "port {port} is answered by {who}, not by a process of this replica"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Memory and CPU of every live replica.
+    pub fn sample(&self) -> Vec<(ReplicaId, Usage)> {
+        let live: Vec<(ReplicaId, Entry)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(r, e)| (r.clone(), e.clone()))
+            .collect();
+        match &self.backend {
+            Backend::Groups(g) => {
+                let spawning = self.spawning.load(Ordering::Acquire) > 0;
+                let members = g.scan(&self.leaders(), spawning);
+                live.into_iter()
+                    .map(|(r, _)| {
+                        let pids = members.get(&r).cloned().unwrap_or_default();
+                        (r, cgroup::sum_usage(&pids))
+                    })
+                    .collect()
+            }
+            _ => live
+                .into_iter()
+                .map(|(r, e)| {
+                    let u = e.cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
+                    (r, u)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// How often replicas' memory and CPU are read (and, with process groups, their trees walked,
+/// orphans attributed and zombies reaped).
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// At start, off the event loop: picks the containment, then stops whatever an earlier run of
+/// this daemon left (before any replica of this run exists).
+pub async fn start(state_dir: &Path) -> anyhow::Result<Arc<Containment>> {
+    let state_dir = state_dir.to_path_buf();
+    let handle = tokio::runtime::Handle::current();
+    let c = tokio::task::spawn_blocking(move || -> anyhow::Result<Containment> {
+        let c = Containment::open(&state_dir, handle)?;
+        c.stop_leftovers();
+        Ok(c)
+    })
+    .await??;
+    Ok(Arc::new(c))
+}
+
+/// Samples replicas' usage on a thread of its own until `stop` is set or the loop is gone.
+pub fn start_sampler(c: Arc<Containment>, sink: EventSink, stop: Arc<AtomicBool>) {
+    let started = std::thread::Builder::new()
+        .name("hearth-usage".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) && !sink.is_closed() {
+                std::thread::sleep(SAMPLE_INTERVAL);
+                let samples = c.sample();
+                if !samples.is_empty() && !sink.blocking_send(Event::Usage(samples)) {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = started {
+        tracing::warn!("could not start the usage sampler: {e}; status shows no memory or CPU");
+    }
+}
+
+impl std::fmt::Debug for Containment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Containment")
+            .field("mode", &self.mode)
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+/// Held while a spawn is between fork and `register`.
+pub struct SpawnGuard<'a>(&'a Containment);
+
+impl Drop for SpawnGuard<'_> {
+    fn drop(&mut self) {
+        self.0.spawning.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An abstract Unix socket named after the instance: bound while the daemon lives, released by
+/// the kernel when it dies, whatever the file system (ProtectSystem=strict leaves little
+/// writable).
+fn lock(instance: &str) -> std::io::Result<std::os::unix::net::UnixListener> {
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(format!("hearth-instance/{instance}"))?;
+    std::os::unix::net::UnixListener::bind_addr(&addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_instance_is_hearth_for_the_default_state_dir_and_stable_otherwise() {
+        assert_eq!(instance_for(Path::new("/var/lib/hearth")), "hearth");
+        let a = instance_for(Path::new("/tmp/x/state"));
+        assert_eq!(a, instance_for(Path::new("/tmp/x/state")));
+        assert_ne!(a, instance_for(Path::new("/tmp/y/state")));
+        // Fixed forever: the next run (maybe a newer build) must find the same cgroups.
+        assert_eq!(
+            instance_for(Path::new("/tmp/x/state")),
+            "hearth-321b4a5233d7641a"
+        );
+        assert!(a.len() <= 64 && a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    }
+
+    #[test]
+    fn a_second_daemon_of_the_same_instance_is_refused() {
+        let name = format!("test-{}", std::process::id());
+        let first = lock(&name).unwrap();
+        assert!(lock(&name).is_err());
+        drop(first);
+        assert!(lock(&name).is_ok());
+    }
+}

@@ -1,0 +1,303 @@
+//! TOML configuration: schema, defaults, validation. Parsed and validated completely before the
+//! runtime starts; every error names the file, the line and the key.
+//!
+//! PUBLIC API (other modules rely on exactly these names):
+//!   Config::load(path: &Path) -> Result<Config, ConfigError>
+//!   Config::parse(text: &str, path: &Path) -> Result<Config, ConfigError>
+//!   ConfigError { file, line: Option<usize>, key: String, message: String } with Display
+//!   "FILE:LINE: KEY: MESSAGE"
+//!   expand(template: &str, vars: &Placeholders) -> String
+//!
+//! Three depths of checking ([`Checks`]), because one file is read by three kinds of reader:
+//! - `Values`: the file's syntax, keys, types and values, and that it names its models (a file
+//!   without `[[model]]` must say `model = []`: an empty or truncated file is never read as
+//!   "stop every model"). `Config::parse` checks this much; the simulator and the core's tests
+//!   read files this way.
+//! - `Deployment`: also what running it needs that the file alone decides: every replica is told
+//!   its `{port}` and probed there, and the `min` replicas fit the declared static GPUs.
+//! - `Host`: also what this host must provide: each command's program exists and is executable.
+//!   `Config::load` checks this much; it is what `hearth daemon`, a reload and `hearth
+//!   check-config` accept (`check-config --no-binaries` stops at `Deployment`, for a file checked
+//!   away from the host that will run it).
+//!
+//! Rooms: `raw` is the file's keys exactly as serde reads them, each with its place in the text;
+//! `validate` turns them into the typed [`Config`] below; `placeholders` expands templates.
+
+mod defaults;
+mod placeholders;
+mod raw;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use placeholders::{expand, Placeholders};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file this configuration was read from (for messages).
+    pub path: PathBuf,
+    pub daemon: DaemonConfig,
+    pub access: AccessConfig,
+    pub gpus: GpusConfig,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub ports: PortRange,
+    pub tick: Duration,
+    pub metrics: Option<SocketAddr>,
+    pub shutdown_timeout: Duration,
+    /// tracing filter directive used when RUST_LOG is not set, e.g. "info" or "hearth=debug".
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    User(String),
+    /// written "@group" in the file
+    Group(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessConfig {
+    pub admins: Vec<Principal>,
+    pub reporters: Vec<Principal>,
+    pub readers: Vec<Principal>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuBackend {
+    Auto,
+    Nvml,
+    Static,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpusConfig {
+    pub backend: GpuBackend,
+    pub devices: Vec<StaticDevice>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StaticDevice {
+    pub uuid: String,
+    pub name: String,
+    pub memory: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    Pack,
+    Spread,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub name: String,
+    /// What its replicas are made from. Everything else here applies to running replicas live.
+    pub launch: LaunchSpec,
+    pub priority: i32,
+    pub stop_grace: Duration,
+    pub liveness: Option<LivenessConfig>,
+    pub signal: Option<SignalConfig>,
+    pub scaling: ScalingConfig,
+}
+
+/// What makes a replica what it is: a change rolls the model over; anything added here takes
+/// part automatically. Two specs are the same launch exactly when they are `==`, field by field;
+/// nothing hand-picks the fields, and nothing hashes them for identity.
+///
+/// It is persisted (serde) to be compared with a later configuration, possibly by a later
+/// binary. The rule for every field, here and in [`WarmupConfig`]: one that the file may leave
+/// out reads as the configuration's own default when it is missing (`#[serde(default = …)]`
+/// from `config::defaults`, which validation uses too), so a field added later, left at its
+/// default, never makes an older persisted spec differ. A field the reader does not know is an
+/// error, not ignored: a spec this binary cannot compare in full is not the same launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    #[serde(default = "defaults::version")]
+    pub version: String,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default = "defaults::gpus")]
+    pub gpus: u32,
+    /// None: the replica takes whole devices.
+    #[serde(default)]
+    pub gpu_memory: Option<u64>,
+    #[serde(default = "defaults::placement")]
+    pub placement: Placement,
+    #[serde(default)]
+    pub prefetch: Vec<String>,
+    pub warmup: WarmupConfig,
+}
+
+/// Part of [`LaunchSpec`], under its rule for defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupConfig {
+    #[serde(default = "defaults::warmup_method")]
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default = "defaults::warmup_expect_status")]
+    pub expect_status: u16,
+    #[serde(default)]
+    pub expect_body: Option<String>,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_timeout"
+    )]
+    pub timeout: Duration,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_startup_timeout"
+    )]
+    pub startup_timeout: Duration,
+    #[serde(
+        with = "crate::units::duration_text",
+        default = "defaults::warmup_recheck"
+    )]
+    pub recheck: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LivenessConfig {
+    pub url: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub failures: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrapeFormat {
+    Vllm,
+    Llamacpp,
+    Tgi,
+    Triton,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalConfig {
+    pub scrape: String,
+    pub format: ScrapeFormat,
+    pub interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmPool {
+    Fixed(u32),
+    Auto,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingConfig {
+    pub min: u32,
+    pub max: u32,
+    pub warm_pool: WarmPool,
+    pub target_wait: Duration,
+    pub down_below: f64,
+    pub down_stabilization: Duration,
+    pub down_step: Duration,
+    pub max_up_step: u32,
+    pub idle_to_zero: Duration,
+    pub drain_timeout: Duration,
+    pub stale_after: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(
+                f,
+                "{}:{}: {}: {}",
+                self.file.display(),
+                line,
+                self.key,
+                self.message
+            ),
+            None => write!(f, "{}: {}: {}", self.file.display(), self.key, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// How much [`Config::parse_with`] and [`Config::load_with`] check; each depth includes the ones
+/// before it (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Checks {
+    /// The file's syntax, keys, types and values.
+    Values,
+    /// Also `{port}` wiring and the fit of `min` replicas on static GPUs.
+    Deployment,
+    /// Also that each command's program exists here and is executable.
+    Host,
+}
+
+impl Config {
+    /// Read the configuration file at `path` and check everything `hearth daemon` needs to run it
+    /// on this host ([`Checks::Host`]).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(path, Checks::Host)
+    }
+
+    /// Read the configuration file at `path` and check it to depth `checks`.
+    pub fn load_with(path: &Path, checks: Checks) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: None,
+            key: "-".to_string(),
+            message: format!("cannot read configuration file: {e}"),
+        })?;
+        Config::parse_with(&text, path, checks)
+    }
+
+    /// Parse configuration `text` and check its values ([`Checks::Values`]); `path` is only used
+    /// for messages and `Config::path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        Config::parse_with(text, path, Checks::Values)
+    }
+
+    /// Parse configuration `text` and check it to depth `checks`.
+    pub fn parse_with(text: &str, path: &Path, checks: Checks) -> Result<Config, ConfigError> {
+        let raw = raw::read(text, path)?;
+        validate::Cx::new(text, path, checks).config(raw)
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}

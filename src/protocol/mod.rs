@@ -1,0 +1,354 @@
+//! The control socket's protocol (version 1), shared by the daemon and the CLI: one JSON object per
+//! line each way, at most `MAX_LINE` bytes a line, answers in request order.
+//!
+//! Requests are `Request`; answers are `Answer` (`Result<Response, Failure>`), which the core
+//! returns and only the socket layer turns into a line (`encode_answer`), and the CLI back
+//! (`decode_answer`). The wire form is DESIGN's: `{"ok":true,...}`, or
+//! `{"ok":false,"error":"CODE","message":"…"}`.
+
+mod views;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use views::{
+    Endpoint, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView, RolloutView,
+    ScaleView, SignalView, StatusView, WatchEvent, WatchedState,
+};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Longest accepted line, newline excluded.
+pub const MAX_LINE: usize = 64 * 1024;
+pub const DEFAULT_SOCKET: &str = "/run/hearth/hearth.sock";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Version,
+    Report(Report),
+    Status {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
+    Watch {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
+    Gpus,
+    Scale {
+        model: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warm_pool: Option<WarmPoolSetting>,
+    },
+    Drain {
+        replica: String,
+    },
+    Cordon {
+        gpu: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        #[serde(default)]
+        evacuate: bool,
+    },
+    Uncordon {
+        gpu: String,
+    },
+    Reload,
+}
+
+/// What a request asks for, without its fields: the `op` alone. Reading a line's `op` into it
+/// tells an unknown op (`unknown_op`, with serde's list of the known ones) from a malformed
+/// known one (`bad_request`). `Request::op` maps every request onto it, so a new request cannot
+/// be added without its op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Version,
+    Report,
+    Status,
+    Watch,
+    Gpus,
+    Scale,
+    Drain,
+    Cordon,
+    Uncordon,
+    Reload,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&wire_name(self))
+    }
+}
+
+impl Op {
+    /// The role an op needs. `report` is also allowed to a replica's own processes (checked by
+    /// the core, which knows the process groups).
+    pub fn required_role(self) -> Role {
+        match self {
+            Op::Version | Op::Status | Op::Watch | Op::Gpus => Role::Reader,
+            Op::Report => Role::Reporter,
+            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload => Role::Admin,
+        }
+    }
+}
+
+/// A queue report: from a replica about itself, or model-wide from a router.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_wait_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed: Option<u64>,
+}
+
+/// A warm pool size: a count or "auto" (`scale`'s `warm_pool`, status's `warm_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WarmPoolSetting {
+    Count(u32),
+    Auto(AutoTag),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoTag {
+    Auto,
+}
+
+impl WarmPoolSetting {
+    pub const AUTO: WarmPoolSetting = WarmPoolSetting::Auto(AutoTag::Auto);
+}
+
+impl fmt::Display for WarmPoolSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WarmPoolSetting::Count(n) => write!(f, "{n}"),
+            WarmPoolSetting::Auto(_) => f.write_str("auto"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    UnknownOp,
+    UnknownModel,
+    UnknownReplica,
+    UnknownGpu,
+    Forbidden,
+    TooLarge,
+    Busy,
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&wire_name(self))
+    }
+}
+
+/// A failed request: `{"ok":false,"error":CODE,"message":…}` on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// A successful answer, one variant per shape; on the wire each is `{"ok":true}` plus its fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Response {
+    /// `version`: `{"ok":true,"version":"…","protocol":1}`
+    Version { version: String, protocol: u32 },
+    /// `status`: `{"ok":true,"status":STATUS}`
+    Status { status: StatusView },
+    /// `gpus`: `{"ok":true,"gpus":[GPU…]}`
+    Gpus { gpus: Vec<GpuView> },
+    /// `watch`: the routed set of each watched model now. The answer line is `{"ok":true}`; the
+    /// socket layer then writes the snapshot one event a line, and the events that follow.
+    #[serde(skip_deserializing)]
+    Watching {
+        #[serde(skip)]
+        snapshot: Vec<WatchEvent>,
+    },
+    /// Every other op: `{"ok":true}`
+    Done {},
+}
+
+/// The answer to one request, as the core gives it.
+pub type Answer = Result<Response, Failure>;
+
+/// The line (without its newline) that carries `answer`.
+pub fn encode_answer(answer: &Answer) -> String {
+    #[derive(Serialize)]
+    struct Success<'a> {
+        ok: bool,
+        #[serde(flatten)]
+        response: &'a Response,
+    }
+    #[derive(Serialize)]
+    struct Error<'a> {
+        ok: bool,
+        error: ErrorCode,
+        message: &'a str,
+    }
+    let line = match answer {
+        Ok(response) => serde_json::to_string(&Success { ok: true, response }),
+        Err(f) => serde_json::to_string(&Error {
+            ok: false,
+            error: f.code,
+            message: &f.message,
+        }),
+    };
+    // Views hold no maps with non-string keys and no non-finite floats the core lets in; should
+    // one ever fail to serialize, the client still gets a well-formed answer.
+    line.unwrap_or_else(|e| {
+        encode_answer(&Err(Failure::new(
+            ErrorCode::Busy,
+            format!("the answer could not be written: {e}"),
+        )))
+    })
+}
+
+/// Reads an answer line. `Err`: the line is not an answer of this protocol.
+pub fn decode_answer(line: &str) -> Result<Answer, String> {
+    #[derive(Deserialize)]
+    struct Head {
+        ok: bool,
+    }
+    #[derive(Deserialize)]
+    struct Error {
+        error: ErrorCode,
+        message: String,
+    }
+    let value: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let head = Head::deserialize(&value).map_err(|e| e.to_string())?;
+    if head.ok {
+        let response = Response::deserialize(&value).map_err(|e| e.to_string())?;
+        // `Done` matches any object: one with more than "ok" is an answer whose body did not
+        // read (a view of another version), not a bare yes.
+        let bare = value.as_object().is_some_and(|o| o.len() == 1);
+        if response == (Response::Done {}) && !bare {
+            return Err(format!("an answer this client cannot read: {line}"));
+        }
+        Ok(Ok(response))
+    } else {
+        let e = Error::deserialize(&value).map_err(|e| e.to_string())?;
+        Ok(Err(Failure::new(e.error, e.message)))
+    }
+}
+
+/// Parses one request line. Distinguishes an unknown op from a malformed known one.
+pub fn parse_request(line: &str) -> Result<Request, Failure> {
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON: {e}")))?;
+    let Some(obj) = value.as_object() else {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            "a request is a JSON object",
+        ));
+    };
+    let op = match obj.get("op") {
+        Some(Value::String(op)) => op.clone(),
+        Some(_) => {
+            return Err(Failure::new(
+                ErrorCode::BadRequest,
+                "\"op\" must be a string",
+            ))
+        }
+        None => return Err(Failure::new(ErrorCode::BadRequest, "missing \"op\"")),
+    };
+    if let Err(e) =
+        Op::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&op))
+    {
+        return Err(Failure::new(
+            ErrorCode::UnknownOp,
+            format!("unknown op {op:?}: {e}"),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("op {op:?}: {e}")))
+}
+
+impl Request {
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Version => Op::Version,
+            Request::Report(_) => Op::Report,
+            Request::Status { .. } => Op::Status,
+            Request::Watch { .. } => Op::Watch,
+            Request::Gpus => Op::Gpus,
+            Request::Scale { .. } => Op::Scale,
+            Request::Drain { .. } => Op::Drain,
+            Request::Cordon { .. } => Op::Cordon,
+            Request::Uncordon { .. } => Op::Uncordon,
+            Request::Reload => Op::Reload,
+        }
+    }
+
+    /// The role the request's op needs.
+    pub fn required_role(&self) -> Role {
+        self.op().required_role()
+    }
+}
+
+/// Roles, each including the ones below it: admins may do everything, reporters may report and
+/// read, readers may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    None,
+    Reader,
+    Reporter,
+    Admin,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&wire_name(self))
+    }
+}
+
+/// The name serde gives a unit variant on the wire (`ErrorCode::TooLarge` → `too_large`), so
+/// that messages and tables say what the protocol says without a second list of names.
+pub(crate) fn wire_name<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

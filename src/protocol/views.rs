@@ -1,0 +1,259 @@
+//! What the daemon shows: the STATUS view (`status`, `gpus`, the metrics) and watch events, with
+//! the states they carry. The core builds them; the CLI, the metrics and the systemd status line
+//! read them; nobody parses a state out of a string.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::{wire_name, WarmPoolSetting};
+
+/// A replica's lifecycle state (DESIGN's `pending → starting → warm ⇄ routed → draining`, plus
+/// `stopping`: signalled, waiting for the process to exit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    /// Waiting for GPU room, a port, or the restart back-off. No process.
+    Pending,
+    /// Process spawned (or being spawned); warm-up not yet passed.
+    Starting,
+    /// Warm-up passed; ready but not routed.
+    Warm,
+    /// In the routed set.
+    Routed,
+    /// Unrouted, finishing in-flight work.
+    Draining,
+    /// Signalled to stop; waiting for the process to exit. Still holds its port and GPUs.
+    Stopping,
+}
+
+impl fmt::Display for ReplicaState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&wire_name(self))
+    }
+}
+
+/// A replica's state as a watch event gives it: a lifecycle state, or `"gone"` once the replica
+/// is forgotten (its process exited, or it never had one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WatchedState {
+    State(ReplicaState),
+    Gone(GoneTag),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GoneTag {
+    Gone,
+}
+
+impl WatchedState {
+    pub const GONE: WatchedState = WatchedState::Gone(GoneTag::Gone);
+}
+
+impl From<ReplicaState> for WatchedState {
+    fn from(s: ReplicaState) -> Self {
+        WatchedState::State(s)
+    }
+}
+
+/// A model's health in status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    Ok,
+    /// Replicas keep failing: restarts back off, and status says the last failure.
+    CrashLoop,
+    /// Pending replicas cannot be placed on the GPUs.
+    NoCapacity,
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&wire_name(self))
+    }
+}
+
+// ---- STATUS ----------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    pub models: Vec<ModelView>,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelView {
+    pub name: String,
+    pub version: String,
+    pub health: Health,
+    /// Why the model is not ok (last failure, what placement lacks); empty when ok.
+    #[serde(default)]
+    pub health_reason: String,
+    pub routed: u32,
+    pub warm: u32,
+    pub starting: u32,
+    pub pending: u32,
+    pub draining: u32,
+    pub desired_routed: u32,
+    #[serde(default)]
+    pub desired_warm: u32,
+    pub min: u32,
+    pub max: u32,
+    /// a count, or "auto"
+    pub warm_pool: WarmPoolSetting,
+    pub target_wait_ms: u64,
+    pub signal: SignalView,
+    pub last_scale: Option<ScaleView>,
+    /// A rollout under way or halted; None when every replica runs the configuration.
+    #[serde(default)]
+    pub rollout: Option<RolloutView>,
+    /// spawn → warm of the latest cold start, when measured
+    #[serde(default)]
+    pub time_to_ready_ms: Option<u64>,
+    /// Replicas that failed (exited, failed a probe, never warmed) since the daemon started,
+    /// each replaced after its back-off; `hearth_replica_restarts_total` in the metrics.
+    #[serde(default)]
+    pub restarts_total: u64,
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// A change of what a model's replicas are (command, env, warm-up, version…) being rolled out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutView {
+    /// The version being rolled out.
+    pub version: String,
+    /// The version serving before it.
+    pub from: String,
+    /// Routed replicas already of the new configuration.
+    pub updated: u32,
+    /// Why the rollout halted, when it did: the new version failed to warm up, and the previous
+    /// one keeps serving until the configuration changes again.
+    #[serde(default)]
+    pub halted: Option<String>,
+}
+
+impl fmt::Display for RolloutView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.halted {
+            Some(why) => f.write_str(why),
+            None => write!(
+                f,
+                "rolling out version {} (from {}): {} routed replica(s) updated",
+                self.version, self.from, self.updated
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SignalView {
+    pub oldest_wait_ms: Option<f64>,
+    pub queue_depth: Option<u64>,
+    pub in_flight: Option<u64>,
+    /// age of the newest report in use; None when there is no fresh signal
+    pub age_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleView {
+    pub at_ms: u64,
+    pub from: u32,
+    pub to: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    pub id: String,
+    pub state: ReplicaState,
+    pub pid: Option<u32>,
+    pub port: Option<u16>,
+    pub addr: Option<String>,
+    pub gpus: Vec<String>,
+    pub since_ms: u64,
+    pub restarts: u32,
+    pub version: String,
+    /// What the replica is waiting for or why it is leaving; empty when nothing to say.
+    #[serde(default)]
+    pub reason: String,
+    /// Resident memory of the replica's processes, in bytes (its cgroup's `memory.current`
+    /// where the memory controller is on, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// CPU time its processes used so far, user and system, in seconds (the cgroup's
+    /// `cpu.stat`, else the sum over its processes); null when unknown.
+    #[serde(default)]
+    pub cpu_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    pub memory_reserved: u64,
+    pub healthy: bool,
+    pub cordoned: bool,
+    pub replicas: Vec<String>,
+    /// Memory in use on the device by every process, as NVML last said; null without NVML.
+    #[serde(default)]
+    pub memory_used: Option<u64>,
+    /// The part of `memory_used` that hearth's replicas do not account for (other users of the
+    /// GPU); it is not capacity. Null until NVML has reported.
+    #[serde(default)]
+    pub memory_foreign: Option<u64>,
+    /// Why the device is unhealthy or cordoned (the XID, the operator's reason), if it is.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// NUMA node (or PCIe root) key shared by devices close to each other; null if unknown.
+    #[serde(default)]
+    pub topology: Option<String>,
+}
+
+// ---- WATCH -----------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub replica: String,
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum WatchEvent {
+    Routed {
+        model: String,
+        endpoints: Vec<Endpoint>,
+    },
+    Replica {
+        model: String,
+        replica: String,
+        state: WatchedState,
+    },
+    Scale {
+        model: String,
+        from: u32,
+        to: u32,
+        reason: String,
+    },
+    Gpu {
+        uuid: String,
+        healthy: bool,
+        cordoned: bool,
+    },
+}
+
+impl WatchEvent {
+    /// The model an event is about; None for host-wide events, which every watcher gets.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            WatchEvent::Routed { model, .. }
+            | WatchEvent::Replica { model, .. }
+            | WatchEvent::Scale { model, .. } => Some(model),
+            WatchEvent::Gpu { .. } => None,
+        }
+    }
+}

