@@ -36,21 +36,13 @@ const READY_TIMES: usize = 8;
 /// Until a cold start has been seen, the windows assume one takes this long.
 const TTR_PRIOR: Duration = Duration::from_secs(60);
 
-fn tune(name: &str, default: f64) -> f64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 /// The envelope looks back one time-to-ready, and at least this far.
-fn envelope_min() -> Duration {
-    Duration::from_secs_f64(tune("HT_ENV_MIN", 30.0))
-}
+const ENVELOPE_MIN: Duration = Duration::from_secs(30);
 /// How long a rise of demand within one time-to-ready is remembered for the pool.
-fn rise_memory() -> Duration {
-    Duration::from_secs_f64(tune("HT_RISE_MEM", 1800.0))
-}
-/// Share of arrivals the envelope's size may let wait longer than the target.
-fn envelope_tail() -> f64 {
-    tune("HT_TAIL", WAIT_TAIL)
-}
+const RISE_MEMORY: Duration = Duration::from_secs(1800);
+/// The arrival rate the envelope sizes for is averaged over this long (one second of Poisson
+/// noise is not a peak).
+const RATE_SMOOTHING: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -135,13 +127,15 @@ impl Autoscaler {
 
     /// How far back the envelope looks: one time-to-ready, and at least `envelope_min()`.
     fn envelope_span(&self) -> Duration {
-        self.ttr().mul_f64(tune("HT_ENV_K", 1.0)).max(envelope_min())
+        self.ttr().max(ENVELOPE_MIN)
     }
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
     pub fn observe_replica(&mut self, queue_depth: u64, in_flight: u64) {
         // Believed only up to MAX_SLOTS: sizing must cost the same whatever a reporter claims.
-        let running = in_flight.saturating_sub(queue_depth).min(u64::from(MAX_SLOTS)) as u32;
+        let running = in_flight
+            .saturating_sub(queue_depth)
+            .min(u64::from(MAX_SLOTS)) as u32;
         self.max_running = self.max_running.max(running);
         if queue_depth > 0 {
             self.slots = Some(self.slots.map_or(running, |s| s.max(running)));
@@ -152,7 +146,7 @@ impl Autoscaler {
     pub fn observe_served(&mut self, now: Time, done: f64, busy: f64) {
         let (done_sum, busy_sum) = match self.service {
             Some((at, d, b)) => {
-                let keep = (-now.since(at).as_secs_f64() / tune("HT_MU_MEM", MU_MEMORY.as_secs_f64())).exp();
+                let keep = (-now.since(at).as_secs_f64() / MU_MEMORY.as_secs_f64()).exp();
                 (d * keep + done, b * keep + busy)
             }
             None => (done, busy),
@@ -180,8 +174,10 @@ impl Autoscaler {
         let now = inp.now;
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
-        let smooth = Duration::from_secs_f64(tune("HT_SMOOTH", 1.0));
-        if self.demand.record(now, &sig, wait, self.ttr(), smooth) {
+        if self
+            .demand
+            .record(now, &sig, wait, self.ttr(), RATE_SMOOTHING)
+        {
             self.refresh(inp);
         }
         let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
@@ -230,22 +226,21 @@ impl Autoscaler {
         let cap = self.capacity();
         let peak = self.demand.peak_smooth(self.envelope_span());
         let size_rate = match (peak, self.forecast()) {
-            (Some(p), Some(f)) if tune("HT_TREND", 1.0) > 0.0 => Some(p.max(f)),
+            (Some(p), Some(f)) => Some(p.max(f)),
             (p, _) => p,
         };
         self.envelope = match (cap, size_rate) {
-            (Some(cap), Some(rate)) => Some((
-                rate,
-                replicas_needed(rate, cap, target, envelope_tail(), inp.max),
-            )),
+            (Some(cap), Some(rate)) => {
+                Some((rate, replicas_needed(rate, cap, target, WAIT_TAIL, inp.max)))
+            }
             _ => None,
         };
         let now_rate = self.demand.last().and_then(|b| b.rate);
         self.rise_pool = match (cap, now_rate, self.envelope) {
             (Some(cap), Some(_), Some((_, need))) => {
-                let back = self.demand.recurring_peak(self.ttr(), rise_memory());
+                let back = self.demand.recurring_peak(self.ttr(), RISE_MEMORY);
                 let with_rise = back.map_or(0, |level| {
-                    replicas_needed(level, cap, target, envelope_tail(), inp.max)
+                    replicas_needed(level, cap, target, WAIT_TAIL, inp.max)
                 });
                 Some(with_rise.saturating_sub(need))
             }
@@ -253,9 +248,6 @@ impl Autoscaler {
         };
         self.demand
             .set_recommendation(self.envelope.map_or(0, |(_, need)| need));
-        if std::env::var_os("HT_DEBUG").is_some() && inp.now.0.as_secs() % 10 == 0 {
-            eprintln!("{} cap {:?} rate {:?} recent {:?} src {} env {:?} pool {:?} rise {:.1} routed {} warm {} desired {}", inp.now.0.as_secs(), self.capacity(), inp.signal.map(|s| s.arrival_rate), inp.signal.map(|s| s.arrival_rate_recent), inp.signal.map_or(0, |s| s.sources), self.envelope, self.rise_pool, self.demand.recurring_peak(self.ttr(), rise_memory()).unwrap_or(0.0), inp.routed, inp.warm, inp.desired);
-        }
     }
 
     /// The arrival rate one time-to-ready ahead if it keeps rising as it has lately: the mean of
@@ -290,11 +282,13 @@ impl Autoscaler {
         }
         let (mut rate, mut need) = self.envelope?;
         let cap = self.capacity()?;
-        if tune("HT_INSTANT", 1.0) > 0.0 {
-            if let Some(r) = sig.arrival_rate_recent.filter(|r| r.is_finite() && *r > rate) {
-                let target = inp.scaling.target_wait.as_secs_f64();
-                (rate, need) = (r, replicas_needed(r, cap, target, envelope_tail(), inp.max));
-            }
+        // A rise seen in the last seconds counts at once: it is the peak the envelope will hold.
+        if let Some(r) = sig
+            .arrival_rate_recent
+            .filter(|r| r.is_finite() && *r > rate)
+        {
+            let target = inp.scaling.target_wait.as_secs_f64();
+            (rate, need) = (r, replicas_needed(r, cap, target, WAIT_TAIL, inp.max));
         }
         let to = need.min(desired + inp.scaling.max_up_step).min(inp.max);
         if to <= desired {
@@ -305,7 +299,7 @@ impl Autoscaler {
             "arrivals peaked at {rate:.1}/s within the last {}: {need} replicas keep {:.0} % of \
              waits under {} ({})",
             crate::units::short_duration(self.envelope_span()),
-            (1.0 - envelope_tail()) * 100.0,
+            (1.0 - WAIT_TAIL) * 100.0,
             crate::units::short_duration(inp.scaling.target_wait),
             describe(cap)
         );
@@ -382,9 +376,11 @@ impl Autoscaler {
         };
         let by_envelope = self.envelope.map(|(_, need)| need);
         // Before the service time is known: every request in flight a slot, as Cortex sizes.
-        let by_in_flight = (self.capacity().is_none() || tune("HT_INFLIGHT", 0.0) > 0.0).then(|| {
+        let by_in_flight = self.capacity().is_none().then(|| {
             let slots = self.slots.unwrap_or(self.max_running).max(1);
-            sig.in_flight.div_ceil(u64::from(slots)).min(u64::from(inp.max)) as u32
+            sig.in_flight
+                .div_ceil(u64::from(slots))
+                .min(u64::from(inp.max)) as u32
         });
         let mut want = by_wait
             .unwrap_or(0)
@@ -540,7 +536,11 @@ impl Autoscaler {
                     depth += b.depth();
                     over |= b.wait_max > target_ms;
                 }
-                if n == 0.0 || over || depth / n >= 0.5 || self.last_up.is_some_and(|t| now.since(t) < window) {
+                if n == 0.0
+                    || over
+                    || depth / n >= 0.5
+                    || self.last_up.is_some_and(|t| now.since(t) < window)
+                {
                     return None;
                 }
                 "no queue".to_string()

@@ -319,7 +319,7 @@ fn auto_pool_sizes_headroom_from_growth_time_to_ready_and_throughput() {
     // 8 run at once while queued; 100 completions over 160 busy slot-seconds: 1.6 s each, so a
     // replica serves 8 / 1.6 = 5/s.
     a.observe_replica(1, 9);
-    a.observe_served(Time::ZERO, 100, 160.0);
+    a.observe_served(Time::ZERO, 100.0, 160.0);
     // Arrivals grow by 0.5 req/s every second for two minutes; each replica serves 5/s.
     for s in 0..120u64 {
         let sig = signal::ModelSignal {
@@ -494,7 +494,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
 fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
     let mut h = scaled(DEFAULT);
     let id = h.in_state("m", ReplicaState::Routed)[0].clone();
-    let mut send = |h: &mut Harness, i: u64, in_flight: u64| {
+    let send = |h: &mut Harness, i: u64, in_flight: u64| {
         h.now = h.now + Duration::from_millis(150);
         let r = Report {
             model: "m".into(),
@@ -516,7 +516,8 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
     send(&mut h, 14, 4_294_967_296);
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
     assert!(
-        cap.slots.is_some_and(|s| s <= crate::core::capacity::MAX_SLOTS),
+        cap.slots
+            .is_some_and(|s| s <= crate::core::capacity::MAX_SLOTS),
         "{cap:?}"
     );
     // And the next reports are handled as before.

@@ -2,6 +2,7 @@
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
@@ -204,7 +205,10 @@ impl Node {
             }
         } else if coming > keep {
             let mut surplus = coming - keep;
-            let stale_after = self.models[name].config.scaling.stale_after;
+            let stale_after = self
+                .models
+                .get(name)
+                .map_or(Duration::ZERO, |m| m.config.scaling.stale_after);
             // A warm replica that left the routed set may still be finishing work: while its
             // reports say so, it is not surplus yet.
             let finishing = |r: &Replica| {

@@ -191,11 +191,19 @@ impl ModelSignal {
             // at their own moments; counting each to its own last report would undercount the
             // ones that have not reported yet this round) and each counter is read at its ends
             // by interpolation between reports.
-            let end = counting.iter().filter_map(|r| r.counted()).map(|c| c.1).min();
+            let end = counting
+                .iter()
+                .filter_map(|r| r.counted())
+                .map(|c| c.1)
+                .min();
             let rate = |span: Duration| -> Option<f64> {
                 let end = end?;
                 let from = end - span;
-                let first = counting.iter().filter_map(|r| r.counted()).map(|c| c.0).min()?;
+                let first = counting
+                    .iter()
+                    .filter_map(|r| r.counted())
+                    .map(|c| c.0)
+                    .min()?;
                 let start = from.max(first);
                 let secs = end.since(start).as_secs_f64();
                 if secs < MIN_RATE_SPAN.as_secs_f64() {
@@ -263,13 +271,13 @@ mod tests {
         let mut sig = ReplicaSignal::default();
         // in_flight = depth here (see `s`): nothing counted as running, no busy time.
         assert_eq!(sig.record(s(0, 0.0, 2, 100, 50)), None);
-        assert_eq!(sig.record(s(1000, 0.0, 3, 110, 58)), Some((8, 0.0)));
+        assert_eq!(sig.record(s(1000, 0.0, 3, 110, 58)), Some((8.0, 0.0)));
         let mut x = s(2000, 0.0, 4, 120, 66);
         x.in_flight = 12;
         assert_eq!(
             sig.record(x),
-            Some((8, 4.0)),
-            "8 running at the end, 0 at the start"
+            Some((12.0, 4.0)),
+            "8 done, 16 started (8 running at the end, 0 at the start): 12 served"
         );
         assert_eq!(sig.arrival_rate(), Some(10.0));
     }
@@ -278,7 +286,7 @@ mod tests {
     fn intervals_report_completions_and_busy_time() {
         let mut sig = ReplicaSignal::default();
         sig.record(s(0, 0.0, 0, 0, 0));
-        assert_eq!(sig.record(s(1000, 0.0, 0, 1, 1)), Some((1, 0.0)));
+        assert_eq!(sig.record(s(1000, 0.0, 0, 1, 1)), Some((1.0, 0.0)));
     }
 
     #[test]
@@ -346,7 +354,7 @@ mod flood_tests {
     #[test]
     fn a_flood_of_reports_keeps_a_bounded_history_and_exact_counts() {
         let mut sig = ReplicaSignal::default();
-        let mut done = 0;
+        let mut done = 0.0;
         // 1000 reports a second for 20 s: one arrival and one completion each, 1 running.
         for i in 0..20_000u64 {
             let s = Sample {
@@ -362,7 +370,7 @@ mod flood_tests {
             }
         }
         assert!(sig.history.len() <= 110, "{}", sig.history.len());
-        assert_eq!(done, 19_999, "every completion counted once");
+        assert_eq!(done, 19_999.0, "every completion counted once");
         let rate = sig.arrival_rate().unwrap();
         assert!((rate - 1000.0).abs() < 1.0, "{rate}");
     }

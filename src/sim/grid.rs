@@ -245,8 +245,7 @@ pub fn config(target_ms: u64) -> Config {
     let text = format!(
         "[[model]]\nname = \"llm\"\ncommand = [\"true\"]\ngpus = 0\n\
          [model.warmup]\nurl = \"http://127.0.0.1:{{port}}/v1/completions\"\n\
-         [model.scaling]\nmin = {MIN}\nmax = {MAX}\ntarget_wait = \"{target_ms}ms\"\n{}\n",
-        std::env::var("HT_GRID_EXTRA").unwrap_or_default().replace(';', "\n")
+         [model.scaling]\nmin = {MIN}\nmax = {MAX}\ntarget_wait = \"{target_ms}ms\"\n"
     );
     Config::parse(&text, Path::new("grid.toml")).expect("the grid's configuration is valid")
 }

@@ -288,7 +288,11 @@ impl Driver for HearthDriver {
             .state
             .iter()
             .filter(|(r, s)| {
-                reports(s, &sim.cl.replicas[**r as usize], self.finishing.contains(r))
+                reports(
+                    s,
+                    &sim.cl.replicas[**r as usize],
+                    self.finishing.contains(r),
+                )
             })
             .map(|(r, _)| *r)
             .collect();

@@ -331,10 +331,6 @@ pub fn run_policy(setup: &Setup, w: &Workload, p: Policy) -> PolicyRun {
         let mut d = setup.driver(p);
         engine::run(d.as_mut(), w, setup.params)
     };
-    if std::env::var_os("HT_SERIES").is_some() {
-        let pts: Vec<String> = out.series.iter().enumerate().filter(|(i, _)| i % 30 == 0).map(|(i, p)| format!("{}:{}/{}/{:.0}", i, p.routable, p.holding, p.oldest as f64 / 1e6)).collect();
-        eprintln!("{} {}", p.name(), pts.join(" "));
-    }
     let lb = report::lower_bound(w, &setup.params);
     PolicyRun {
         report: report::policy_report(p.name(), &out, w, &setup.params, lb),

@@ -27,7 +27,6 @@ const BURST_SHARE: f64 = 0.25;
 #[derive(Debug, Clone, Copy)]
 pub struct Second {
     pub second: u64,
-    wait_sum: f64,
     pub wait_max: f64,
     depth_sum: f64,
     n: u32,
@@ -42,16 +41,14 @@ pub struct Second {
 }
 
 impl Second {
-    pub fn wait(&self) -> f64 {
-        self.wait_sum / self.n as f64
-    }
     pub fn depth(&self) -> f64 {
         self.depth_sum / self.n as f64
     }
 }
 
 fn bounded(rate: Option<f64>) -> Option<f64> {
-    rate.filter(|r| r.is_finite()).map(|r| r.clamp(0.0, MAX_RATE))
+    rate.filter(|r| r.is_finite())
+        .map(|r| r.clamp(0.0, MAX_RATE))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -74,7 +71,6 @@ impl Demand {
         let wait = if wait.is_finite() { wait.max(0.0) } else { 0.0 };
         let rate = bounded(sig.arrival_rate);
         if let Some(b) = self.seconds.back_mut().filter(|b| b.second == second) {
-            b.wait_sum += wait;
             b.wait_max = b.wait_max.max(wait);
             b.depth_sum += sig.queue_depth as f64;
             b.rate = rate.or(b.rate);
@@ -101,7 +97,6 @@ impl Demand {
         });
         self.seconds.push_back(Second {
             second,
-            wait_sum: wait,
             wait_max: wait,
             depth_sum: sig.queue_depth as f64,
             n: 1,
@@ -138,13 +133,6 @@ impl Demand {
     /// The newest second at or before `second`.
     pub fn at_or_before(&self, second: u64) -> Option<&Second> {
         self.seconds.iter().rev().find(|b| b.second <= second)
-    }
-
-    /// The highest arrival rate within `span`.
-    pub fn peak_rate(&self, span: Duration) -> Option<f64> {
-        self.recent(span)
-            .filter_map(|b| b.rate)
-            .fold(None, |m, r| Some(m.map_or(r, |m: f64| m.max(r))))
     }
 
     /// The highest smoothed arrival rate within `span`.
@@ -190,22 +178,22 @@ impl Demand {
             // ripple on a plateau or a slow ramp.
             let rate = b.rate.unwrap_or(0.0);
             if b.rise > 0.0 && b.rise >= BURST_SHARE * rate {
-                slices[k] = slices[k].max(rate);
+                if let Some(s) = slices.get_mut(k) {
+                    *s = s.max(rate);
+                }
             }
         }
         let mut best: Option<f64> = None;
         let mut before = 0.0f64;
-        for j in 2..slices.len() {
-            before = before.max(slices[j - 2]);
-            let level = before.min(slices[j]);
+        for (older, slice) in slices.iter().zip(slices.iter().skip(2)) {
+            before = before.max(*older);
+            let level = before.min(*slice);
             if level > 0.0 {
                 best = Some(best.map_or(level, |b| b.max(level)));
             }
         }
         best
     }
-
-
 
     /// Notes what the policy recommends now (the highest of the second counts).
     pub fn recommend(&mut self, n: u32) {
@@ -224,13 +212,5 @@ impl Demand {
     /// The highest recommendation within `span`.
     pub fn peak_recommendation(&self, span: Duration) -> u32 {
         self.recent(span).map(|b| b.rec).max().unwrap_or(0)
-    }
-
-    /// How many seconds of history there are within `span`.
-    pub fn covered(&self, span: Duration) -> u64 {
-        match (self.seconds.front(), self.seconds.back()) {
-            (Some(a), Some(b)) => (b.second - a.second).min(span.as_secs()),
-            _ => 0,
-        }
     }
 }
