@@ -369,14 +369,18 @@ impl Autoscaler {
         // could serve, and would leave it idle for a whole stabilization window.
         let lasted = self.over_since.map_or(0.0, |t| now.since(t).as_secs_f64());
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
-        let by_rate = if on_the_way > 0 && lasted < ttr / 8.0 {
+        let clump = on_the_way > 0 && lasted < ttr / 8.0;
+        let by_rate = if clump {
             None
         } else {
             self.littles_floor(inp, sig)
         };
-        let by_envelope = self.envelope.map(|(_, need)| need);
+        // The envelope is read off the same arrivals: the same rule.
+        let by_envelope = self.envelope.filter(|_| !clump).map(|(_, need)| need);
         // Before the service time is known: every request in flight a slot, as Cortex sizes.
-        let by_in_flight = self.capacity().is_none().then(|| {
+        // Like the wait, the count in flight grows for want of capacity already ordered: it is
+        // read only when all of it serves.
+        let by_in_flight = (self.capacity().is_none() && on_the_way == 0).then(|| {
             let slots = self.slots.unwrap_or(self.max_running).max(1);
             sig.in_flight
                 .div_ceil(u64::from(slots))
@@ -405,7 +409,10 @@ impl Autoscaler {
         if let Some(n) = by_in_flight.filter(|&n| n > desired) {
             reason.push_str(&format!("; {} in flight need {n}", sig.in_flight));
         }
-        if let Some((rate, n)) = self.envelope.filter(|e| e.1 > by_rate.unwrap_or(0)) {
+        if let Some((rate, n)) = self
+            .envelope
+            .filter(|e| by_envelope.is_some() && e.1 > by_rate.unwrap_or(0))
+        {
             reason.push_str(&format!(
                 "; arrivals peaked at {rate:.1}/s within {}: {n} needed",
                 crate::units::short_duration(self.envelope_span())
