@@ -574,3 +574,20 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
     send(&mut h, 15, 4);
     assert!(desired(&h) <= 10);
 }
+
+/// Issue 12: a reason names the cap that applied. With `max` 3, a wait at ×40 the target asks
+/// for far more; `max` stops the step before `max_up_step` would, and the reason says so.
+#[test]
+fn a_capped_step_names_the_cap_that_applied() {
+    let mut h = scaled(&DEFAULT.replace("max = 10", "max = 3"));
+    let out = every_routed(&mut h, 20_000.0, 200, 216);
+    assert_eq!(scale_events(&out), vec![(2, 3)]);
+    let reason = last_reason(&h);
+    assert!(reason.ends_with("; capped at max 3"), "{reason}");
+
+    let mut h = scaled(&DEFAULT.replace("max = 10", "max = 20"));
+    let out = every_routed(&mut h, 20_000.0, 200, 216);
+    assert_eq!(scale_events(&out), vec![(2, 6)]);
+    let reason = last_reason(&h);
+    assert!(reason.ends_with("; capped at +4 per step"), "{reason}");
+}
