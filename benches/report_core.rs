@@ -114,6 +114,7 @@ fn report(replica: Option<&str>) -> Request {
         in_flight: Some(1),
         arrived: None,
         completed: None,
+        router: None,
     })
 }
 
@@ -131,7 +132,7 @@ fn main() {
     let n = 20_000;
     let t = Instant::now();
     for _ in 0..n {
-        core.request(Request::Version);
+        core.request(Request::Version {});
     }
     println!(
         "  version request (reconcile + routed-set check only): {:.2} µs per event",

@@ -7,6 +7,7 @@ pub mod client;
 pub mod config;
 pub mod core;
 pub mod protocol;
+pub mod route;
 pub mod sim;
 pub mod toy_server;
 pub mod units;

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use hearth::agent::{control, daemon::Daemon, inventory, logging, metrics, notify::Notifier};
+use hearth::agent::{
+    control, daemon::Daemon, inventory, logging, metrics, notify::Notifier, paths,
+};
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::{Checks, Config};
 
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Simulate(args) => hearth::sim::main(args),
+        Command::Route(args) => hearth::route::cmd::main(args),
         other => runtime().block_on(client_verb(other, socket)),
     }
 }
@@ -87,6 +90,10 @@ fn daemon(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Taken before anything can replace the binary on disk: what a panic re-executes.
+    let reexec = hearth::agent::upgrade::Reexec::current();
+    let panics_before = hearth::agent::upgrade::panic_reexecs();
+    let started = std::time::Instant::now();
     let rt = runtime();
     let path = path.to_path_buf();
     // The daemon runs as a task of the runtime rather than on this thread: a connection's task
@@ -100,7 +107,17 @@ fn daemon(path: &Path) -> ExitCode {
             Some(addr) => Some(metrics::bind(addr).await?),
             None => None,
         };
-        let listener = control::bind(&config.daemon.socket)?;
+        // Before anything is created there: a directory another user could write in is refused.
+        paths::secure_dir(&config.daemon.state_dir, 0o700, "daemon.state_dir")?;
+        // After `hearth upgrade`, the previous binary's listening socket, still open: clients
+        // that connected during the exec are answered, nobody sees the socket missing.
+        let listener = match hearth::agent::upgrade::inherited_listener() {
+            Some(l) => {
+                l.set_nonblocking(true)?;
+                tokio::net::UnixListener::from_std(l)?
+            }
+            None => control::bind(&config.daemon.socket)?,
+        };
         tracing::info!("listening on {}", config.daemon.socket.display());
         let (stop_tx, stop_rx) = mpsc::channel(4);
         let (hup_tx, hup_rx) = mpsc::channel(4);
@@ -147,8 +164,14 @@ fn daemon(path: &Path) -> ExitCode {
     let result = rt.block_on(async move {
         match tokio::spawn(daemon_task).await {
             Ok(r) => r,
-            // A panic in the daemon stays a panic of the process, as it was on this thread.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // A panic in the daemon ends in re-adoption, not in the replicas' deaths: the
+            // binary re-executes itself and adopts them from the ledger it kept saving (after
+            // a warm-up each: the state in memory is not trusted). Too many in a row and it
+            // stays a panic of the process (the service manager's restart adopts them too).
+            Err(e) if e.is_panic() => {
+                hearth::agent::upgrade::after_panic(reexec.as_ref(), panics_before, started);
+                std::panic::resume_unwind(e.into_panic())
+            }
             Err(e) => Err(anyhow::anyhow!("the daemon's task ended: {e}")),
         }
     });

@@ -7,7 +7,9 @@
 //!   records, before its first answer leaves, `MARKS/REPLICA.PID` with its cgroup; the check
 //!   runs the moment the routed set arrives).
 //! - **0 orphans answering for a new replica**: completions sent to routed endpoints are
-//!   answered by a process of that replica, started in this run of the daemon.
+//!   answered by a process of that replica, started in this run of the daemon, or in the earlier
+//!   run for a replica this run adopted (issue 14: replicas outlive a `kill -9` in their cgroups;
+//!   an adopted replica re-verified its warm-up, from its own cgroup, before it was routed).
 //! - **0 processes left after stop**: after the final SIGTERM, no process carrying the test's
 //!   mark and no replica cgroup is left once the daemon has exited, counted before any cleanup.
 //!
@@ -35,15 +37,19 @@ struct Tally {
     replicas_seen: Mutex<BTreeSet<String>>,
 }
 
-/// The daemon run now: when it started (for marks and process start times) and its pid.
+/// The daemon run now: when it started (for marks and process start times) and its pid; for
+/// the run after the restart, the first run's too (its replicas may be adopted).
 #[derive(Clone, Copy)]
 struct Run {
     since: SystemTime,
     daemon_pid: i32,
+    earlier: Option<(SystemTime, u64)>,
 }
 
 struct Shared {
     marks: PathBuf,
+    /// The daemon's log: which replicas it adopted.
+    log: PathBuf,
     cgroups: bool,
     tally: Tally,
     /// The latest routed set per model: (replica, addr).
@@ -62,9 +68,21 @@ fn start_ticks(pid: i32) -> Option<u64> {
         .ok()
 }
 
-/// A replica's warm-up answer, recorded in this run by a process of that replica.
+/// The daemon (this run) says it adopted `replica`.
+fn adopted(s: &Shared, replica: &str) -> bool {
+    let log = std::fs::read_to_string(&s.log).unwrap_or_default();
+    log.lines()
+        .any(|l| l.contains("adopted: pid") && l.contains(&format!("replica=\"{replica}\"")))
+}
+
+/// A replica's warm-up answer, recorded in this run by a process of that replica (or in the
+/// earlier run, for a replica this run adopted).
 fn warmed_in_this_run(s: &Shared, replica: &str) -> bool {
-    let since = s.run.lock().unwrap().since;
+    let run = *s.run.lock().unwrap();
+    let since = match run.earlier {
+        Some((first, _)) if adopted(s, replica) => first,
+        _ => run.since,
+    };
     let Ok(dir) = std::fs::read_dir(&s.marks) else {
         return false;
     };
@@ -150,7 +168,10 @@ fn load(s: Arc<Shared>) -> std::thread::JoinHandle<()> {
                         .and_then(|p| p.parse().ok())
                         .unwrap_or(0);
                     let who = r.header("x-toy-replica").unwrap_or("").to_string();
-                    let daemon_start = start_ticks(run.daemon_pid).unwrap_or(0);
+                    let daemon_start = match run.earlier {
+                        Some((_, first)) if adopted(&s, replica) => first,
+                        _ => start_ticks(run.daemon_pid).unwrap_or(0),
+                    };
                     // Gone already (a crash, a stop): nothing to tell.
                     let Some(started) = start_ticks(pid) else {
                         continue;
@@ -303,12 +324,14 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     }
     let shared = Arc::new(Shared {
         marks,
+        log: d.dir.path().join("daemon.log"),
         cgroups,
         tally: Tally::default(),
         routed: Mutex::new(BTreeMap::new()),
         run: Mutex::new(Run {
             since: SystemTime::now() - Duration::from_secs(1),
             daemon_pid: d.pid(),
+            earlier: None,
         }),
         stop: AtomicBool::new(false),
     });
@@ -328,9 +351,12 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(800));
     }
 
-    // kill -9, then a restart of the daemon with the same state: the earlier run's orphans
-    // (setsid'd workers) are stopped at start; nothing of them answers for the new run.
+    // kill -9, then a restart of the daemon with the same state: replicas survive in their
+    // cgroups; the new run adopts those it can prove and stops the rest (setsid'd workers
+    // whose server died, replicas that were leaving); nothing else answers for the new run.
     let before_kill: Vec<i32> = d.children();
+    let first = *shared.run.lock().unwrap();
+    let first_ticks = start_ticks(first.daemon_pid).unwrap_or(0);
     d.signal(Signal::SIGKILL);
     assert!(d.wait_exit(Duration::from_secs(10)).is_some());
     shared.routed.lock().unwrap().clear();
@@ -340,13 +366,26 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     *shared.run.lock().unwrap() = Run {
         since: restart_at,
         daemon_pid: d.pid(),
+        earlier: Some((first.since, first_ticks)),
     };
     watchers.push(watcher(shared.clone(), d.socket.clone()));
     if cgroups {
+        // Every survivor is stopped, or is a process of a replica the new run adopted (in
+        // its cgroup).
         wait_until(
-            "the earlier run's orphans stopped",
+            "the earlier run's unadopted processes stopped",
             Duration::from_secs(15),
-            || orphans.iter().all(|p| !alive(*p)).then_some(()),
+            || {
+                orphans
+                    .iter()
+                    .all(|p| {
+                        !alive(*p)
+                            || cgroup(*p).is_some_and(|c| {
+                                c.rsplit('/').next().is_some_and(|r| adopted(&shared, r))
+                            })
+                    })
+                    .then_some(())
+            },
         );
     }
     let until = Instant::now() + phase;
@@ -379,7 +418,7 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     println!(
         "chaos: {:.0} s; {} routed sets, {} endpoints checked, {} replicas routed; \
          {} completions answered, {} failed (replicas dying under the load); {} reports; \
-         {} orphan(s) of the killed run stopped at restart; \
+         {} process(es) outlived the kill -9 (adopted or stopped at restart); \
          unready routed: {}; orphans answering: {}; processes left after stop: {} (+{} in cgroups)",
         t0.elapsed().as_secs_f64(),
         t.routed_sets.load(Ordering::Relaxed),
@@ -413,6 +452,6 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     assert!(t.completions_ok.load(Ordering::Relaxed) > 0);
     assert!(
         !orphans.is_empty() || !cgroups,
-        "the kill -9 left orphans to stop"
+        "replicas outlive the kill -9 in their cgroups"
     );
 }

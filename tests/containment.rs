@@ -51,14 +51,11 @@ fn with_workers(groups: bool, args: &[&str]) -> Daemon {
     b.start()
 }
 
-/// The worker a replica's toy server forked, as the toy said in its output (in the log).
+/// The worker a replica's toy server forked, as the toy said in its output (its log file).
 fn worker_of(d: &Daemon, replica: &str) -> i32 {
     let what = format!("worker of {replica}");
     wait_until(&what, Duration::from_secs(20), || {
-        d.log().lines().find_map(|l| {
-            if !l.contains(&format!("replica={replica} ")) {
-                return None;
-            }
+        d.replica_log(replica).lines().find_map(|l| {
             let rest = l.split("forked detached worker pid ").nth(1)?;
             rest.split_whitespace().next()?.parse::<i32>().ok()
         })
@@ -137,10 +134,16 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
         cgroups::procs(&dir).contains(&worker),
         "the worker is in the replica's cgroup"
     );
-    // The issue's reproduction: kill -9 the daemon; the leader dies with it (PDEATHSIG), the
-    // setsid'd worker does not, and keeps answering on the replica's port.
+    // The issue's reproduction: kill -9 the daemon. In a cgroup the replica outlives it (issue
+    // 14); its leader then dies while no daemon runs, the setsid'd worker does not, and keeps
+    // answering on the replica's port: what the next run finds is not the replica it started.
     d.signal(Signal::SIGKILL);
     assert!(d.wait_exit(Duration::from_secs(10)).is_some());
+    assert!(
+        alive(pid(&r)),
+        "the leader outlives the daemon in its cgroup"
+    );
+    testkit::procs::signal(pid(&r), Signal::SIGKILL);
     wait_until("the leader gone", Duration::from_secs(10), || {
         (!alive(pid(&r))).then_some(())
     });
@@ -155,11 +158,13 @@ fn an_orphan_of_a_killed_daemon_is_stopped_when_the_daemon_starts_again() {
     wait_until("the orphan stopped", Duration::from_secs(10), || {
         (!alive(worker)).then_some(())
     });
-    assert!(
-        d.log().contains("stopped what an earlier run left in"),
-        "{}",
-        d.log_tail(30)
-    );
+    // The kill comes before the line that says so: wait for the line, not just the kill.
+    let said = testkit::poll(Duration::from_secs(10), || {
+        let log = d.log();
+        (log.contains("stopped what an earlier run left in") && log.contains("is gone"))
+            .then_some(())
+    });
+    assert!(said.is_some(), "{}", d.log_tail(30));
     let r2 = routed_one(&d);
     let (who, _) = answered_by(&addr(&r2));
     assert!(

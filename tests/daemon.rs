@@ -1,5 +1,5 @@
-//! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL, and
-//! configuration errors that stop it before anything starts.
+//! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL where
+//! replicas have no cgroup, and configuration errors that stop it before anything starts.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
@@ -55,9 +55,15 @@ fn sigterm_stops_every_replica_removes_the_socket_and_exits_0() {
     );
 }
 
+/// Without a cgroup (process groups only) a replica could not be found again by the next run,
+/// so it dies with the daemon (PDEATHSIG). In a cgroup it outlives the daemon and is adopted
+/// (tests/outlive.rs).
 #[test]
-fn sigkill_of_the_daemon_leaves_no_replica_alive_2s_later() {
-    let mut d = Daemon::start([Model::toy("toy", &["--load-time", "300ms"])]);
+fn without_a_cgroup_sigkill_of_the_daemon_leaves_no_replica_alive_2s_later() {
+    let mut d = Daemon::builder()
+        .model(Model::toy("toy", &["--load-time", "300ms"]))
+        .env("HEARTH_CONTAINMENT", "groups")
+        .start();
     let pids = three_replicas(&d);
 
     d.signal(Signal::SIGKILL);

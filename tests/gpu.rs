@@ -1,9 +1,8 @@
 //! GPU integration tests with the real binary and real toy-server processes: the inventory
 //! backends without NVML, placement (CUDA_VISIBLE_DEVICES), cordon with evacuation under a watch,
-//! priority reclaim after a reload, weight prefetch; and the GPU monitor's shell path (pgid
-//! mapping, XIDs, memory) driven by a scripted source in an in-process daemon.
+//! priority reclaim after a reload, weight prefetch. The NVML path itself (scripted driver,
+//! monitor, core) is tested in src/agent/nvml/tests.rs.
 
-use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use testkit::procs::{alive, env_var};
@@ -127,8 +126,13 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
         );
         assert_eq!(
             env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
-            Some("GPU-test-0"),
-            "{id} sees its device by UUID"
+            Some("0"),
+            "{id} sees its device by index (device_naming = \"index\", the default)"
+        );
+        assert_eq!(
+            env_var(*pid, "CUDA_DEVICE_ORDER").as_deref(),
+            Some("PCI_BUS_ID"),
+            "{id}: CUDA numbers devices in NVML's (PCI bus) order"
         );
         assert_eq!(
             env_var(*pid, "NVIDIA_VISIBLE_DEVICES").as_deref(),
@@ -157,6 +161,11 @@ fn replicas_see_their_device_and_cordon_evacuate_moves_them_with_routed_never_be
     for (id, pid, _) in &after {
         assert_eq!(
             env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
+            Some("1"),
+            "{id}"
+        );
+        assert_eq!(
+            env_var(*pid, "NVIDIA_VISIBLE_DEVICES").as_deref(),
             Some("GPU-test-1"),
             "{id}"
         );
@@ -291,225 +300,87 @@ fn prefetch_reads_the_weights_beside_the_server_start_and_warns_about_missing_fi
     assert!(log.contains("spawned:"), "the server was started:\n{log}");
 }
 
-// ---- the monitor's shell path, driven by a script, in an in-process daemon ------------------
+/// `examples/vllm.toml`'s model, with `vllm` replaced by a fake that reads CUDA_VISIBLE_DEVICES
+/// as vLLM does (tests/fixtures/vllm/vllm), on two declared 80 GiB devices; `naming` set when
+/// given.
+fn example_vllm(naming: Option<&str>) -> Model {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/vllm.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cfg = hearth::config::Config::parse(&text, &path).expect("the example parses");
+    let ex = &cfg.models[0];
+    let l = &ex.launch;
+    assert_eq!(l.command[0], "vllm", "the example runs vllm");
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm/vllm");
+    let mut m = Model::toy(&ex.name, &[]);
+    m.command = std::iter::once(fake.display().to_string())
+        .chain(l.command.iter().skip(1).cloned())
+        .collect();
+    m.env = l.env.clone().into_iter().collect();
+    m.env
+        .push(("HEARTH_BIN".into(), testkit::hearth().display().to_string()));
+    m.gpus = l.gpus;
+    m.gpu_memory = Some(format!("{}GiB", l.gpu_memory.unwrap() >> 30));
+    m.placement = Some("pack".into());
+    m.device_naming = naming.map(str::to_string);
+    m.warmup.body = l.warmup.body.clone().unwrap();
+    m.warmup.startup_timeout = "30s".into();
+    m.scaling.min = ex.scaling.min;
+    m.scaling.max = ex.scaling.max;
+    m.scaling.warm_pool = 1;
+    m.scaling.target_wait = None;
+    m
+}
 
-mod scripted {
-    use super::*;
-    use hearth::agent::daemon::Daemon as HearthDaemon;
-    use hearth::agent::gpu_monitor::{
-        self, DeviceMemory, GpuSource, MonitorHandle, MonitorSink, Xid,
-    };
-    use hearth::agent::inventory::Inventory;
-    use hearth::core::GpuDevice;
-
-    pub enum Reading {
-        Memory(DeviceMemory),
-        Xid(Xid),
+#[test]
+fn a_fake_vllm_from_the_example_s_settings_starts_on_hearth_s_device_names() {
+    let d = gpu_daemon(
+        "static",
+        &[("GPU-vllm-0", "80GiB"), ("GPU-vllm-1", "80GiB")],
+    )
+    .model(example_vllm(None))
+    .start();
+    // min 1 and warm_pool 1: one routed, one warm, both packed on the first device (38 GiB each).
+    d.wait_settled("llama-8b", 1, 1, LONG);
+    let st = d.status();
+    let all: Vec<(String, i32, Vec<String>)> = ["routed", "warm"]
+        .iter()
+        .flat_map(|s| placed(&st, "llama-8b", s))
+        .collect();
+    assert_eq!(all.len(), 2);
+    for (id, pid, gpus) in &all {
+        assert_eq!(gpus, &vec!["GPU-vllm-0".to_string()], "{id}");
+        assert_eq!(
+            env_var(*pid, "CUDA_VISIBLE_DEVICES").as_deref(),
+            Some("0"),
+            "{id}"
+        );
+        assert_eq!(
+            env_var(*pid, "CUDA_DEVICE_ORDER").as_deref(),
+            Some("PCI_BUS_ID"),
+            "{id}"
+        );
     }
-
-    /// XIDs as the test sends them; memory as last sent, per device, on every reading.
-    struct ChannelSource {
-        rx: std_mpsc::Receiver<Reading>,
-        memory: Vec<DeviceMemory>,
-    }
-
-    impl GpuSource for ChannelSource {
-        fn memory(&mut self) -> Vec<DeviceMemory> {
-            self.memory.clone()
-        }
-        fn wait_xid(&mut self, timeout: Duration) -> Result<Option<Xid>, String> {
-            match self.rx.recv_timeout(timeout) {
-                Ok(Reading::Xid(x)) => Ok(Some(x)),
-                Ok(Reading::Memory(m)) => {
-                    self.memory.retain(|d| d.uuid != m.uuid);
-                    self.memory.push(m);
-                    Ok(None)
-                }
-                Err(std_mpsc::RecvTimeoutError::Timeout) => Ok(None),
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(timeout);
-                    Ok(None)
-                }
-            }
-        }
-    }
-
-    pub struct ScriptedInventory {
-        pub devices: Vec<GpuDevice>,
-        pub feed: Option<std_mpsc::Receiver<Reading>>,
-    }
-
-    impl Inventory for ScriptedInventory {
-        fn describe(&self) -> String {
-            format!("scripted: {} device(s)", self.devices.len())
-        }
-        fn devices(&mut self) -> Vec<GpuDevice> {
-            self.devices.clone()
-        }
-        fn start_monitor(&mut self, sink: MonitorSink) -> Option<MonitorHandle> {
-            let rx = self.feed.take()?;
-            let sink = MonitorSink {
-                interval: Duration::from_millis(100),
-                ..sink
-            };
-            gpu_monitor::spawn("scripted-gpu", sink, move |sink| {
-                let mut source = ChannelSource {
-                    rx,
-                    memory: Vec::new(),
-                };
-                gpu_monitor::pump(&mut source, &sink, &gpu_monitor::pgid_of);
-            })
-            .ok()
-        }
-    }
-
-    /// The daemon on a runtime of its own thread, in a testkit home: stopped on drop, and then
-    /// the home's reaper kills whatever it started (the replicas carry the mark in their model's
-    /// `env`).
-    pub struct InProcess {
-        stop: tokio::sync::mpsc::Sender<bool>,
-        thread: Option<std::thread::JoinHandle<()>>,
-        pub home: Home,
-    }
-
-    impl InProcess {
-        pub fn start(home: Home, inventory: ScriptedInventory) -> InProcess {
-            let config = hearth::config::Config::load(&home.config_path).expect("config");
-            let config_path = home.config_path.clone();
-            let socket = home.socket.clone();
-            let (stop, stop_rx) = tokio::sync::mpsc::channel(4);
-            let (_hup, hup_rx) = tokio::sync::mpsc::channel(4);
-            let thread = std::thread::spawn(move || {
-                let _hup = _hup;
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let listener = hearth::agent::control::bind(&socket).expect("bind");
-                    let log =
-                        hearth::agent::logging::LogControl::detached(&config.daemon.log_level);
-                    let d = HearthDaemon {
-                        config,
-                        config_path,
-                        inventory: Box::new(inventory),
-                        notifier: hearth::agent::notify::Notifier::disabled(),
-                        log,
-                    };
-                    d.run(listener, None, stop_rx, hup_rx)
-                        .await
-                        .expect("daemon ran");
-                });
-            });
-            let p = InProcess {
-                stop,
-                thread: Some(thread),
-                home,
-            };
-            wait_until("the in-process daemon's socket", LONG, || {
-                Conn::connect(&p.home.socket).ok()
-            });
-            p
-        }
-    }
-
-    impl Drop for InProcess {
-        fn drop(&mut self) {
-            let _ = self.stop.try_send(false);
-            let _ = self.stop.try_send(true);
-            if let Some(t) = self.thread.take() {
-                if poll(Duration::from_secs(10), || t.is_finished().then_some(())).is_some() {
-                    let _ = t.join();
-                }
-            }
-        }
+    // Replicas write to their own log (journald or state_dir/logs), not the daemon's.
+    for (id, _, _) in &all {
+        let log = d.replica_log(id);
+        assert!(
+            log.contains("vllm (fake): CUDA_VISIBLE_DEVICES=0"),
+            "the fake read the variable ({id}):\n{log}"
+        );
     }
 }
 
 #[test]
-fn scripted_xids_and_memory_readings_go_through_the_monitor_to_status_and_placement() {
-    use hearth::agent::gpu_monitor::{DeviceMemory, Xid};
-    use hearth::core::GpuDevice;
-    use scripted::*;
-
-    // The daemon section comes from the config; the devices from the scripted inventory.
-    let (home, _) = gpu_daemon("auto", &[])
-        .model(toy("m", 30, 0, (1, 2, 0)))
-        .prepare();
-    let devices: Vec<GpuDevice> = (0..2)
-        .map(|i| GpuDevice {
-            index: i,
-            uuid: format!("GPU-s-{i}"),
-            name: "Scripted H100".into(),
-            memory_total: 80 * GIB,
-            memory_foreign: 0,
-            topology: Some("numa0".into()),
-        })
-        .collect();
-    let (feed, rx) = std_mpsc::channel();
-    let inventory = ScriptedInventory {
-        devices,
-        feed: Some(rx),
-    };
-    let p = InProcess::start(home, inventory);
-    let d = &p.home;
-    let wait = |what: &str, f: &dyn Fn(&Value) -> bool| {
-        d.wait_status(what, LONG, |st| f(st).then(|| st.clone()))
-    };
-    let st = wait("one routed replica", &|st| {
-        in_state(st, "m", "routed").len() == 1
+fn the_fake_vllm_fails_on_uuids_as_vllm_does() {
+    // The proof that the test above can fail: named by UUID, vLLM's int() refuses the value.
+    let d = gpu_daemon("static", &[("GPU-vllm-0", "80GiB")])
+        .model(example_vllm(Some("uuid")))
+        .start();
+    let log = wait_until("the fake's ValueError in the replica's log", LONG, || {
+        let log = d.replica_log("llama-8b-1");
+        log.contains("invalid literal for int() with base 10: 'GPU-vllm-0'")
+            .then_some(log)
     });
-    let (id, pid, gpus0) = placed(&st, "m", "routed").remove(0);
-    assert_eq!(gpus0, vec!["GPU-s-0".to_string()]);
-
-    // 50 GiB used on device 0: 20 by the replica's process group, 30 by this test process
-    // (someone else's). The monitor maps pids to groups; the core sees what is foreign.
-    feed.send(Reading::Memory(DeviceMemory {
-        uuid: "GPU-s-0".into(),
-        used: 50 * GIB,
-        processes: vec![(pid as u32, 20 * GIB), (std::process::id(), 30 * GIB)],
-    }))
-    .unwrap();
-    let g = wait_until("the memory reading in gpus", LONG, || {
-        let g = d.gpus();
-        (g[0]["memory_used"] == 50 * GIB).then_some(g)
-    });
-    assert_eq!(g[0]["memory_foreign"], 30 * GIB, "{g:?}");
-    assert_eq!(g[0]["topology"], "numa0");
-    assert_eq!(g[1]["memory_used"], Value::Null, "no reading for device 1");
-
-    // An application XID is logged only; a critical one evacuates the device.
-    feed.send(Reading::Xid(Xid {
-        uuid: "GPU-s-0".into(),
-        xid: 13,
-    }))
-    .unwrap();
-    feed.send(Reading::Memory(DeviceMemory {
-        uuid: "GPU-s-0".into(),
-        used: 51 * GIB,
-        processes: vec![(pid as u32, 21 * GIB)],
-    }))
-    .unwrap();
-    let g = wait_until("the second memory reading", LONG, || {
-        let g = d.gpus();
-        (g[0]["memory_used"] == 51 * GIB).then_some(g)
-    });
-    assert_eq!(g[0]["healthy"], true, "XID 13 leaves the device in service");
-    assert_eq!(g[0]["memory_foreign"], 30 * GIB);
-
-    feed.send(Reading::Xid(Xid {
-        uuid: "GPU-s-0".into(),
-        xid: 79,
-    }))
-    .unwrap();
-    let st = wait("the replica replaced on device 1", &|st| {
-        let routed = placed(st, "m", "routed");
-        routed.len() == 1 && routed[0].2 == ["GPU-s-1"] && replicas(st, "m").len() == 1
-    });
-    assert_ne!(placed(&st, "m", "routed")[0].0, id);
-    let g = d.gpus();
-    assert_eq!(g[0]["healthy"], false);
-    assert_eq!(g[0]["note"], "critical XID 79");
-    assert_eq!(g[0]["replicas"], json!([]));
+    let st = d.status();
+    assert!(in_state(&st, "llama-8b", "routed").is_empty(), "{log}");
 }

@@ -112,7 +112,9 @@ fn hostile_input_gets_error_codes_and_nobody_else_notices() {
     expect_error(&mut c, "too_large", "batch 4: 70 KiB line");
     expect_error(&mut c, "bad_request", "batch 5: bad JSON");
     expect_error(&mut c, "unknown_model", "batch 6: unknown model");
-    // (The empty line gets no answer.)
+    // Every line gets one answer: an empty one is a bad request, as a client pairing answers
+    // with its lines expects.
+    expect_error(&mut c, "bad_request", "batch 6b: an empty line");
     let a = expect_ok(&mut c, "batch 7: gpus");
     assert!(a["gpus"].is_array(), "{a}");
     expect_error(&mut c, "unknown_replica", "batch 8: unknown replica");

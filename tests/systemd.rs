@@ -302,14 +302,23 @@ fn logs_carry_journal_fields_when_stderr_is_the_journal() {
     }
     let dir = tempfile::tempdir().unwrap();
     let entries = dir.path().join("journal.bin");
+    let streams = dir.path().join("streams.txt");
     let stderr = dir.path().join("stderr");
     std::fs::write(&stderr, "").unwrap();
-    // The listener writes each datagram as a 4-byte length and its bytes.
+    // The listener writes each datagram as a 4-byte length and its bytes, and everything the
+    // stdout streams (replicas' output) send, appended to one file.
     // It dies with its parent (PR_SET_PDEATHSIG, through ctypes), or after 5 quiet minutes.
     let listener = format!(
-        "import socket,struct,os,ctypes\n\
+        "import socket,struct,os,ctypes,threading\n\
          ctypes.CDLL(None).prctl(1, 9)\n\
          os.makedirs('/run/systemd/journal', exist_ok=True)\n\
+         st=socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
+         st.bind('/run/systemd/journal/stdout')\n\
+         st.listen(64)\n\
+         g=open({streams:?},'ab',buffering=0)\n\
+         def conn(c):\n    while True:\n        d=c.recv(65536)\n        if not d: return\n        g.write(d)\n\
+         def accept():\n    while True:\n        c,_=st.accept()\n        threading.Thread(target=conn,args=(c,),daemon=True).start()\n\
+         threading.Thread(target=accept,daemon=True).start()\n\
          s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n\
          s.settimeout(300)\n\
          s.bind('/run/systemd/journal/socket')\n\
@@ -318,6 +327,7 @@ fn logs_carry_journal_fields_when_stderr_is_the_journal() {
          while True:\n    d=s.recv(1<<20)\n    f.write(struct.pack('<I',len(d))+d)\n",
         ready = dir.path().join("listening").display().to_string(),
         entries = entries.display().to_string(),
+        streams = streams.display().to_string(),
     );
     std::fs::write(dir.path().join("listener.py"), listener).unwrap();
     let script = format!(
@@ -383,13 +393,21 @@ fn logs_carry_journal_fields_when_stderr_is_the_journal() {
         .unwrap();
     assert_eq!(field(warm, "REPLICA").as_deref(), Some("jt-1"));
     assert_eq!(field(warm, "GPU").as_deref(), Some("GPU-journal-0"));
-    // What the replica printed, under its fields.
-    let printed = entries
-        .iter()
-        .find(|e| field(e, "STREAM").is_some())
-        .expect("a line a replica printed");
-    assert_eq!(field(printed, "REPLICA").as_deref(), Some("jt-1"));
-    assert_eq!(field(printed, "TARGET").as_deref(), Some("hearth::replica"));
+    // What the replica printed went to journald's stdout stream, not through the daemon: a
+    // stream whose header names the replica, then its lines.
+    assert!(
+        entries.iter().all(|e| field(e, "STREAM").is_none()),
+        "the daemon forwards no replica line"
+    );
+    let text = wait_until("the replica's stream", Duration::from_secs(10), || {
+        let t = std::fs::read_to_string(&streams).unwrap_or_default();
+        t.contains("toy-server ready").then_some(t)
+    });
+    assert!(text.contains("jt-1\n\n6\n0\n0\n0\n0\n"), "{text:?}");
+    assert_eq!(
+        field(spawned, "OUTPUT").as_deref(),
+        Some("journalctl -t jt-1")
+    );
     // A daemon-wide line has no MODEL at all (not an empty one).
     let global = entries
         .iter()

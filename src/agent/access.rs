@@ -12,10 +12,12 @@ use crate::protocol::Role;
 
 #[derive(Debug)]
 pub struct Access {
-    /// Replaced by a reload; read by every new connection.
+    /// Replaced by a reload.
     config: std::sync::RwLock<AccessConfig>,
     /// The daemon's own user: it owns the socket and could do anything anyway.
     own_uid: u32,
+    /// Bumped by each reload: connections re-read their peer's role when it moved.
+    generation: std::sync::atomic::AtomicU64,
     /// Tells which replica's cgroup holds a peer.
     containment: Option<Arc<Containment>>,
 }
@@ -25,6 +27,7 @@ impl Access {
         Access {
             config: std::sync::RwLock::new(config),
             own_uid: Uid::effective().as_raw(),
+            generation: std::sync::atomic::AtomicU64::new(1),
             containment: None,
         }
     }
@@ -35,9 +38,20 @@ impl Access {
         self
     }
 
-    /// A reloaded `[access]`: connections made from now on are judged by it.
+    /// A reloaded `[access]`: every request from now on is judged by it, on connections
+    /// already open too (they see the generation move and resolve their peer again).
     pub fn set_config(&self, config: AccessConfig) {
-        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        let mut c = self.config.write().unwrap_or_else(|e| e.into_inner());
+        if *c != config {
+            *c = config;
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    /// Which `[access]` is in force: changes with each reload that changed it.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Resolves a connecting process to a `Peer`. Reads the user and group databases.

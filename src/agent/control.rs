@@ -1,45 +1,65 @@
 //! The control and report socket: line-framed JSON, answered in order, one task per connection.
 //! Connections only forward requests to the core's task and write its answers back. Pipelined
 //! requests already in a connection's buffer go to the core together, and their answers leave in
-//! one write.
+//! one write. Every line gets exactly one answer (a blank one is a `bad_request`), except on a
+//! watching connection, where lines the client sends are refused one by one in the stream.
+//!
+//! Limits (see conn.rs for the per-connection ones): at most `MAX_CONNECTIONS` at once, the
+//! next is answered `busy` and closed; a role is re-read from `[access]` when a reload changed
+//! it, also on connections already open.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use futures_util::{SinkExt, StreamExt};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{broadcast, oneshot};
-use tokio_util::bytes::BytesMut;
-use tokio_util::codec::{Decoder, Encoder, Framed, LinesCodec, LinesCodecError};
+use tokio::sync::{broadcast, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
+use super::conn::{self, Line, Reader, Stop};
 use super::inbox::{self, Answered, Published, ShellMsg};
+use super::paths;
 use crate::core::Peer;
 use crate::protocol::{self, ErrorCode, Failure, Request, Response};
 
-/// Binds the socket: probe a stale one before replacing it; bind, chmod 0660, then listen, so
-/// nobody connects before the permissions hold.
+/// Most connections open at once. Far above what a host needs (a reporter per replica, a few
+/// routers and watchers, operators' one-shot commands), and under the 1024 file descriptors a
+/// process gets by default outside systemd; the one after it is told `busy` and closed, so a
+/// flood of connections costs bounded memory and file descriptors.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Binds the socket: checks its directory first (paths.rs), replaces only a stale socket nobody
+/// answers on (never a file of another kind), then binds, chmods 0660 and listens, so nobody
+/// connects before the permissions hold.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     use nix::sys::socket::{
         bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
     };
-    if path.exists() {
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => anyhow::bail!("{}: another daemon is listening there", path.display()),
-            Err(_) => {
-                // Nobody answers: a socket left by a daemon that died. Safe to replace.
-                std::fs::remove_file(path).map_err(|e| {
-                    anyhow::anyhow!("removing stale socket {}: {e}", path.display())
-                })?;
+    paths::secure_dir(paths::parent_of(path), 0o755, "socket directory")?;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => anyhow::bail!("{}: another daemon is listening there", path.display()),
+                Err(_) => {
+                    // Nobody answers: a socket left by a daemon that died. Safe to replace.
+                    std::fs::remove_file(path).map_err(|e| {
+                        anyhow::anyhow!("removing stale socket {}: {e}", path.display())
+                    })?;
+                }
             }
         }
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        Ok(meta) => anyhow::bail!(
+            "{}: there is a {} there, not a socket; hearth does not delete it: remove it if it \
+             is not needed, or set daemon.socket to another path",
+            path.display(),
+            kind(&meta.file_type())
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("{}: {e}", path.display()),
     }
     let fd: OwnedFd = socket(
         AddressFamily::Unix,
@@ -58,9 +78,30 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(UnixListener::from_std(std_listener)?)
 }
 
+/// What a file type is, in words.
+fn kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_file() {
+        "regular file"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_symlink() {
+        "symlink"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_block_device() || t.is_char_device() {
+        "device"
+    } else {
+        "file"
+    }
+}
+
 #[derive(Clone)]
 pub struct Control {
+    /// The core's inbox, where reports go (with the workers' events).
     pub to_core: inbox::Sender,
+    /// Every other request: the operators' lane, which the loop serves in turn with the inbox, so
+    /// a `status` does not wait behind thousands of queued reports.
+    pub operators: inbox::Sender,
     pub published: broadcast::Sender<Arc<Published>>,
     pub access: Arc<Access>,
 }
@@ -72,15 +113,24 @@ pub async fn serve(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let large = Arc::new(Semaphore::new(conn::LARGE_LINES));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let control = control.clone();
-                    let shutdown = shutdown.clone();
-                    tracker.spawn(async move { connection(stream, control, shutdown).await });
-                }
+                Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let control = control.clone();
+                        let shutdown = shutdown.clone();
+                        let large = large.clone();
+                        tracker.spawn(async move {
+                            connection(stream, control, large, shutdown).await;
+                            drop(slot);
+                        });
+                    }
+                    Err(_) => refuse_busy(stream),
+                },
                 Err(e) => {
                     // EMFILE and friends: don't spin, don't die.
                     tracing::warn!("accept failed: {e}");
@@ -91,60 +141,129 @@ pub async fn serve(
     }
 }
 
-async fn connection(stream: UnixStream, control: Control, shutdown: CancellationToken) {
-    let peer = match stream.peer_cred() {
-        Ok(c) => {
-            let access = control.access.clone();
-            let (uid, gid, pid) = (c.uid(), c.gid(), c.pid());
-            // The user and group databases are files (or NSS): off the runtime's threads.
-            match tokio::task::spawn_blocking(move || access.peer(uid, gid, pid)).await {
-                Ok(p) => p,
-                Err(_) => return,
+/// One connection too many: told so in one line (the socket buffer of a new connection takes
+/// it without waiting), then closed.
+fn refuse_busy(stream: UnixStream) {
+    use std::io::Write;
+    let f = Failure::new(
+        ErrorCode::Busy,
+        format!("too many connections ({MAX_CONNECTIONS} open); try again"),
+    );
+    let mut line = protocol::encode_answer(&Err(f));
+    line.push('\n');
+    // Written directly (the socket is non-blocking): tokio's own `try_write` would wait for a
+    // readiness event a socket this new has not had yet.
+    if let Ok(s) = stream.into_std() {
+        let _ = (&s).write(line.as_bytes());
+    }
+}
+
+/// The peer, resolved against the `[access]` in force, and which version of it that was.
+struct Who {
+    uid: u32,
+    gid: u32,
+    pid: Option<i32>,
+    peer: Peer,
+    generation: u64,
+}
+
+impl Who {
+    /// Resolves (again) against the access lists in force. The user and group databases are
+    /// files (or NSS): off the runtime's threads.
+    async fn resolve(&mut self, access: &Arc<Access>) -> bool {
+        let generation = access.generation();
+        let (a, uid, gid, pid) = (access.clone(), self.uid, self.gid, self.pid);
+        match tokio::task::spawn_blocking(move || a.peer(uid, gid, pid)).await {
+            Ok(p) => {
+                self.peer = p;
+                self.generation = generation;
+                true
             }
+            Err(_) => false,
         }
+    }
+
+    /// A reload changed `[access]` since the role was read: read it again, so a revoked role
+    /// is gone for connections already open too.
+    async fn current(&mut self, access: &Arc<Access>) -> bool {
+        access.generation() == self.generation || self.resolve(access).await
+    }
+}
+
+async fn connection(
+    stream: UnixStream,
+    control: Control,
+    large: Arc<Semaphore>,
+    shutdown: CancellationToken,
+) {
+    let mut who = match stream.peer_cred() {
+        Ok(c) => Who {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid(),
+            peer: Peer {
+                uid: c.uid(),
+                pid: None,
+                pgid: None,
+                replica: None,
+                role: protocol::Role::None,
+            },
+            generation: 0,
+        },
         Err(e) => {
             tracing::warn!("peer credentials unavailable: {e}");
             return;
         }
     };
-    let mut framed = Framed::new(stream, Lines::new());
-    let mut answers: Vec<Pending> = Vec::new();
-    'conn: loop {
+    if !who.resolve(&control.access).await {
+        return;
+    }
+    let (read, mut write) = stream.into_split();
+    let mut reader = Reader::new(read, large);
+    loop {
         let mut item = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            item = framed.next() => item,
+            _ = shutdown.cancelled() => return,
+            item = reader.line(true) => item,
         };
         // Take every request already buffered (pipelined), up to BATCH: all of them go to the
         // core before the first answer is awaited, and their answers leave in one write.
-        let mut closed = false;
-        let mut watch_request = None;
+        let mut answers: Vec<Pending> = Vec::new();
+        let mut stopped = None;
+        let mut watching = None;
+        let mut lane = None;
         let mut taken = 0;
         loop {
-            // After an over-long line the codec skips to its newline, which yields no item: a
-            // newline in the buffer then says nothing about a next request.
-            let skipping = matches!(item, Some(Ok(Line::TooLong)));
             match item {
-                None | Some(Err(_)) => {
-                    closed = true;
+                Err(stop) => {
+                    stopped = Some(stop);
                     break;
                 }
-                Some(Ok(line)) => match classify(line) {
-                    Classified::Blank => {}
-                    Classified::Refused(f) => answers.push(Pending::Ready(f)),
+                Ok(line) => match classify(line) {
+                    Classified::Refused(f) => answers.push(Pending::Ready(Err(f))),
                     Classified::Watch(request, model) => {
-                        watch_request = Some((request, model));
+                        watching = Some((request, model));
                         break;
                     }
                     Classified::Ask(request) => {
+                        if !who.current(&control.access).await {
+                            return;
+                        }
+                        let to = Lane::of(&request);
+                        // One connection's requests take effect in the order it sent them:
+                        // before one goes to the other lane, the answers still out on this one
+                        // are waited for.
+                        if lane.is_some_and(|l| l != to) && !settle(&mut answers).await {
+                            return;
+                        }
+                        lane = Some(to);
                         let (reply, rx) = oneshot::channel();
                         let msg = ShellMsg::Request {
-                            peer: peer.clone(),
+                            peer: who.peer.clone(),
                             request,
                             reply,
                         };
-                        if control.to_core.send(msg).await.is_err() {
-                            closed = true;
-                            break;
+                        if control.sender(to).send(msg).await.is_err() {
+                            return;
                         }
                         answers.push(Pending::Core(rx));
                     }
@@ -152,30 +271,53 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
             }
             taken += 1;
             // A complete line in the read buffer is decoded without touching the socket.
-            if skipping || taken >= BATCH || !framed.read_buffer().contains(&b'\n') {
+            if taken >= BATCH || !reader.has_line() {
                 break;
             }
-            item = framed.next().await;
+            item = reader.line(true).await;
         }
         // Answers in request order, written together.
+        if !settle(&mut answers).await {
+            return;
+        }
+        let mut out = String::new();
         for a in answers.drain(..) {
-            let answer = match a {
-                Pending::Ready(f) => Err(f),
-                Pending::Core(rx) => match rx.await {
-                    Ok(Answered { answer, .. }) => answer,
-                    Err(_) => break 'conn,
-                },
-            };
-            if framed.feed(protocol::encode_answer(&answer)).await.is_err() {
-                break 'conn;
+            if let Pending::Ready(answer) = a {
+                out.push_str(&protocol::encode_answer(&answer));
+                out.push('\n');
             }
         }
-        if framed.flush().await.is_err() || closed {
-            break;
+        if let Some(Stop::SlowLine) = stopped {
+            let f = Failure::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "a line must be complete within {} s of its first byte; closing",
+                    conn::LINE_TIMEOUT.as_secs()
+                ),
+            );
+            out.push_str(&protocol::encode_answer(&Err(f)));
+            out.push('\n');
         }
-        if let Some((request, model)) = watch_request {
-            watch(framed, &control, peer, request, model, shutdown).await;
+        if !out.is_empty() && !conn::write(&mut write, out.as_bytes()).await {
             return;
+        }
+        if stopped.is_some() {
+            return;
+        }
+        if let Some((request, model)) = watching {
+            if !watch(
+                &mut reader,
+                &mut write,
+                &control,
+                &mut who,
+                request,
+                model,
+                &shutdown,
+            )
+            .await
+            {
+                return;
+            }
         }
     }
 }
@@ -183,38 +325,77 @@ async fn connection(stream: UnixStream, control: Control, shutdown: Cancellation
 /// Most pipelined requests taken from one connection before their answers are written.
 const BATCH: usize = 64;
 
-/// A request's answer: known at once (a bad line), or coming from the core.
+/// Which of the core's two queues a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Reports,
+    Operators,
+}
+
+impl Lane {
+    fn of(request: &Request) -> Lane {
+        match request {
+            Request::Report(_) => Lane::Reports,
+            _ => Lane::Operators,
+        }
+    }
+}
+
+impl Control {
+    fn sender(&self, lane: Lane) -> &inbox::Sender {
+        match lane {
+            Lane::Reports => &self.to_core,
+            Lane::Operators => &self.operators,
+        }
+    }
+}
+
+/// A request's answer: known, or coming from the core.
 enum Pending {
-    Ready(Failure),
+    Ready(protocol::Answer),
     Core(oneshot::Receiver<Answered>),
+}
+
+/// Waits for every answer still coming from the core. False: the core's task is gone.
+async fn settle(answers: &mut [Pending]) -> bool {
+    for a in answers.iter_mut() {
+        if let Pending::Core(rx) = a {
+            match rx.await {
+                Ok(Answered { answer, .. }) => *a = Pending::Ready(answer),
+                Err(_) => return false,
+            }
+        }
+    }
+    true
 }
 
 /// What a line asks for.
 enum Classified {
-    /// An empty line: no answer.
-    Blank,
-    /// A bad line, answered without the core.
+    /// A bad line (a blank one included), answered without the core.
     Refused(Failure),
     Watch(Request, Option<String>),
     Ask(Request),
 }
 
-fn classify(line: Line) -> Classified {
-    let line = match line {
-        Line::Text(line) => line,
-        Line::TooLong => {
-            return Classified::Refused(Failure::new(
-                ErrorCode::TooLarge,
-                format!("a line may hold at most {} bytes", protocol::MAX_LINE),
-            ))
-        }
-        Line::NotUtf8 => {
-            return Classified::Refused(Failure::new(ErrorCode::BadRequest, "a line must be UTF-8"))
-        }
-    };
-    if line.trim().is_empty() {
-        return Classified::Blank;
+/// A line's failure before it is even a request.
+fn unreadable(line: &Line) -> Option<Failure> {
+    match line {
+        Line::Text(_) => None,
+        Line::TooLong => Some(Failure::new(
+            ErrorCode::TooLarge,
+            format!("a line may hold at most {} bytes", protocol::MAX_LINE),
+        )),
+        Line::NotUtf8 => Some(Failure::new(ErrorCode::BadRequest, "a line must be UTF-8")),
     }
+}
+
+fn classify(line: Line) -> Classified {
+    if let Some(f) = unreadable(&line) {
+        return Classified::Refused(f);
+    }
+    let Line::Text(line) = line else {
+        return Classified::Refused(Failure::new(ErrorCode::BadRequest, "unreadable"));
+    };
     match protocol::parse_request(&line) {
         Err(f) => Classified::Refused(f),
         Ok(Request::Watch { model }) => {
@@ -225,122 +406,68 @@ fn classify(line: Line) -> Classified {
     }
 }
 
-/// Sends a request to the core's task and waits for its answer (and the publish sequence number
-/// at the moment it was answered).
-async fn ask(control: &Control, peer: Peer, request: Request) -> Option<Answered> {
-    let (tx, rx) = oneshot::channel();
-    control
-        .to_core
-        .send(ShellMsg::Request {
-            peer,
-            request,
-            reply: tx,
-        })
-        .await
-        .ok()?;
-    rx.await.ok()
-}
-
-async fn send(framed: &mut Framed<UnixStream, Lines>, line: &str) -> Result<(), LinesCodecError> {
-    framed.send(line.to_string()).await
-}
-
-/// One line from a client: its text, or what was wrong with it.
-#[derive(Debug, PartialEq)]
-enum Line {
-    Text(String),
-    /// Longer than `MAX_LINE`; the rest of it, up to its newline, is skipped.
-    TooLong,
-    /// Not UTF-8; the line was consumed.
-    NotUtf8,
-}
-
-/// `LinesCodec` whose bad lines are items rather than errors. A `Framed` stream ends after its
-/// decoder's first error, which would close the connection after answering one bad line and
-/// leave the requests pipelined behind it unanswered; `LinesCodec` itself recovers from both
-/// (it skips to the next newline, or has already consumed the line).
-struct Lines(LinesCodec);
-
-impl Lines {
-    fn new() -> Lines {
-        Lines(LinesCodec::new_with_max_length(protocol::MAX_LINE))
-    }
-
-    fn wrap(r: Result<Option<String>, LinesCodecError>) -> Result<Option<Line>, LinesCodecError> {
-        match r {
-            Ok(l) => Ok(l.map(Line::Text)),
-            Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
-            // The only I/O error `LinesCodec::decode` makes itself: invalid UTF-8 (socket
-            // errors come from the read, not from here).
-            Err(LinesCodecError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-                Ok(Some(Line::NotUtf8))
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-impl Decoder for Lines {
-    type Item = Line;
-    type Error = LinesCodecError;
-
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, LinesCodecError> {
-        Lines::wrap(self.0.decode(buf))
-    }
-
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, LinesCodecError> {
-        Lines::wrap(self.0.decode_eof(buf))
-    }
-}
-
-impl Encoder<String> for Lines {
-    type Error = LinesCodecError;
-
-    fn encode(&mut self, line: String, buf: &mut BytesMut) -> Result<(), LinesCodecError> {
-        self.0.encode(line, buf)
-    }
-}
-
 /// A watch: the answer, the routed-set snapshot, then every event for the model until the client
 /// leaves. Subscribing before asking means no event can fall between snapshot and stream; events
-/// already reflected in the snapshot are skipped by sequence number.
+/// already reflected in the snapshot are skipped by sequence number. A refused watch (an unknown
+/// model, a peer without the role) is answered and the connection goes on (true); an accepted
+/// one streams until the end of the connection (false). Lines the client sends while watching
+/// are each refused in the stream, never dropped unanswered.
 async fn watch(
-    mut framed: Framed<UnixStream, Lines>,
+    reader: &mut Reader,
+    write: &mut OwnedWriteHalf,
     control: &Control,
-    peer: Peer,
+    who: &mut Who,
     request: Request,
     model: Option<String>,
-    shutdown: CancellationToken,
-) {
+    shutdown: &CancellationToken,
+) -> bool {
     let mut events = control.published.subscribe();
-    let Some(Answered { answer, seq: seen }) = ask(control, peer, request).await else {
-        return;
-    };
-    if send(&mut framed, &protocol::encode_answer(&answer))
-        .await
-        .is_err()
-    {
-        return;
+    if !who.current(&control.access).await {
+        return false;
     }
+    let (reply, rx) = oneshot::channel();
+    let msg = ShellMsg::Request {
+        peer: who.peer.clone(),
+        request,
+        reply,
+    };
+    if control.operators.send(msg).await.is_err() {
+        return false;
+    }
+    let Ok(Answered { answer, seq: seen }) = rx.await else {
+        return false;
+    };
+    let mut out = protocol::encode_answer(&answer);
+    out.push('\n');
     let Ok(Response::Watching { snapshot }) = answer else {
-        // Refused (an unknown model, a reader that may not watch): the answer said so.
-        return;
+        // Refused: the answer says why, and the connection takes requests as before.
+        return conn::write(write, out.as_bytes()).await;
     };
     for ev in &snapshot {
-        let Ok(line) = serde_json::to_string(ev) else {
-            continue;
-        };
-        if send(&mut framed, &line).await.is_err() {
-            return;
+        if let Ok(line) = serde_json::to_string(ev) {
+            out.push_str(&line);
+            out.push('\n');
         }
     }
+    if !conn::write(write, out.as_bytes()).await {
+        return false;
+    }
+    let watched = model
+        .as_deref()
+        .map_or("every model".to_string(), protocol::quote);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
-            // The client may only read; a closed socket ends the watch.
-            incoming = framed.next() => {
-                if !matches!(incoming, Some(Ok(_))) {
-                    return;
+            _ = shutdown.cancelled() => return false,
+            incoming = reader.line(false) => {
+                let Ok(line) = incoming else { return false };
+                let f = unreadable(&line).unwrap_or_else(|| Failure::new(
+                    ErrorCode::BadRequest,
+                    format!("this connection is watching {watched}: it takes no more requests; send them on another connection"),
+                ));
+                let mut line = protocol::encode_answer(&Err(f));
+                line.push('\n');
+                if !conn::write(write, line.as_bytes()).await {
+                    return false;
                 }
             }
             ev = events.recv() => match ev {
@@ -348,43 +475,22 @@ async fn watch(
                     if p.seq <= seen || p.event.model().is_some_and(|m| model.as_deref().is_some_and(|w| w != m)) {
                         continue;
                     }
-                    if send(&mut framed, &p.line).await.is_err() {
-                        return;
+                    let mut line = String::with_capacity(p.line.len() + 1);
+                    line.push_str(&p.line);
+                    line.push('\n');
+                    if !conn::write(write, line.as_bytes()).await {
+                        return false;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     let f = Failure::new(ErrorCode::Busy, format!("watch fell {n} events behind; reconnect for a fresh snapshot"));
-                    let _ = send(&mut framed, &protocol::encode_answer(&Err(f))).await;
-                    return;
+                    let mut line = protocol::encode_answer(&Err(f));
+                    line.push('\n');
+                    let _ = conn::write(write, line.as_bytes()).await;
+                    return false;
                 }
-                Err(broadcast::error::RecvError::Closed) => return,
+                Err(broadcast::error::RecvError::Closed) => return false,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bad_lines_are_items_and_decoding_goes_on() {
-        let mut codec = Lines::new();
-        let mut buf = BytesMut::new();
-        buf.extend_from_slice(&vec![b'x'; protocol::MAX_LINE + 10]);
-        buf.extend_from_slice(b"\n{\"op\":\"version\"}\n\xff\xfe\n{}\n");
-        let mut got = Vec::new();
-        while let Some(l) = codec.decode(&mut buf).unwrap() {
-            got.push(l);
-        }
-        assert_eq!(
-            got,
-            vec![
-                Line::TooLong,
-                Line::Text("{\"op\":\"version\"}".into()),
-                Line::NotUtf8,
-                Line::Text("{}".into()),
-            ]
-        );
     }
 }

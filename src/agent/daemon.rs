@@ -16,20 +16,25 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::account::Accounts;
 use super::containment;
+use super::containment::Containment;
 use super::control::{self, Control};
 use super::effects::{Effects, Workers};
-use super::gpu_monitor::{self, MonitorSink};
+use super::gpu_monitor::MonitorSink;
+use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
+use super::ledger::{Persister, Saved};
 use super::logging::LogControl;
 use super::metrics::{self, Recorder};
 use super::notify::Notifier;
 use super::reload::{self, Fixed, Settings};
+use super::replica_log::ReplicaLogs;
 use super::status_line::status_line;
 use super::supervisor::Supervisor;
-use super::{probe, state};
+use super::wake::{ticker, Sources, Wake};
+use super::{probe, state, upgrade};
 use crate::config::Config;
-use crate::core::{Action, Event, Node, Time};
+use crate::core::{Action, Adoption, Event, Ledger, Node, Time};
 use crate::protocol::Request;
 
 /// Wall-clock time carried forward by a monotonic clock: timestamps operators can read, and
@@ -65,16 +70,6 @@ pub struct Daemon {
     pub log: LogControl,
 }
 
-/// What woke the loop.
-enum Wake {
-    Msg(ShellMsg),
-    /// SIGTERM/SIGINT; true from the second one on.
-    Stop(bool),
-    Hangup,
-    Watchdog,
-    Tick,
-}
-
 /// The loop's state: the core, and what carries out and announces its decisions.
 struct Shell {
     node: Node,
@@ -92,6 +87,17 @@ struct Shell {
     gpu_kind: String,
     /// SIGTERM/SIGINT came: the status line counts what is left.
     stopping: bool,
+    /// Where replicas live: the proofs saved with the ledger.
+    containment: Arc<Containment>,
+    /// Writes the ledger (ledger.rs) off the loop.
+    persister: Persister,
+    /// The last ledger handed to the persister, to skip writing what did not change.
+    saved: Vec<u8>,
+    /// What an upgrade re-executes (taken at start), the socket it keeps open, and the
+    /// loop's own wake-up for it.
+    reexec: Option<upgrade::Reexec>,
+    listener_fd: std::os::fd::RawFd,
+    upgrade_due: mpsc::Sender<()>,
 }
 
 impl Daemon {
@@ -101,8 +107,8 @@ impl Daemon {
         self,
         listener: UnixListener,
         metrics_listener: Option<TcpListener>,
-        mut stop: mpsc::Receiver<bool>,
-        mut hup: mpsc::Receiver<()>,
+        stop: mpsc::Receiver<bool>,
+        hup: mpsc::Receiver<()>,
     ) -> anyhow::Result<()> {
         let Daemon {
             config,
@@ -112,31 +118,50 @@ impl Daemon {
             log,
         } = self;
         let clock = Clock::new();
-        let (tx, mut rx) = inbox::channel();
+        let (tx, rx) = inbox::channel();
+        let (operators_tx, operators_rx) = inbox::channel();
         let events = EventSink::new(tx.clone());
         let published = inbox::published();
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let socket_path = config.daemon.socket.clone();
         let state_dir = config.daemon.state_dir.clone();
+        let reexec = upgrade::Reexec::current();
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let (upgrade_due, upgrade_wake) = mpsc::channel(1);
 
         let gpu_source = inventory.describe();
         tracing::info!("GPU inventory: {gpu_source}");
         // "nvml: 8 device(s), driver …" → "nvml", for the one-line status.
         let gpu_kind = gpu_source.split(':').next().unwrap_or("gpus").to_string();
-        let overrides = state::load(&state_dir);
+        // main.rs checked the directory (paths.rs) before anything was created.
+        let overrides = state::load(&state_dir, &config)?;
         let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
 
-        // XIDs and memory readings, from a thread of their own; it stops when this is dropped.
-        let _monitor = inventory.start_monitor(MonitorSink {
-            to_core: events.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
-            interval: gpu_monitor::MEMORY_INTERVAL,
-        });
+        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups); what an
+        // earlier run left there is adopted where its saved ledger proves it, the rest
+        // stopped, before the first replica of this run is placed.
+        let (how, saved) = upgrade::saved_state(&state_dir);
+        let (containment, adopted) = containment::start(&state_dir, saved).await?;
+        match containment.stop_everything_command() {
+            Some(cmd) => tracing::info!(
+                "replicas outlive the daemon (SIGTERM still drains and stops them; `hearth upgrade` replaces the daemon without stopping them); if hearth will not come back, stop them all with: {cmd}"
+            ),
+            None => tracing::info!(
+                "replicas die with the daemon (PDEATHSIG): without a cgroup the next run could not find them"
+            ),
+        }
+        let logs = ReplicaLogs::choose(&state_dir);
+        tracing::info!("{}", logs.describe());
+        super::replica_log::start_rotator(logs.clone(), containment.clone());
 
-        // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups), and what an
-        // earlier run left there stopped, before the first replica of this run is placed.
-        let containment = containment::start(&state_dir).await?;
+        // XIDs, memory readings and inventory changes, from a thread of their own; it stops when
+        // this is dropped. GPU memory is attributed by each replica's cgroup where containment
+        // makes one, else by the process tree (see gpu_owner.rs).
+        let _monitor = inventory.start_monitor(MonitorSink::new(
+            events.clone(),
+            Arc::new(Attribution::new(containment.gpu_owners())),
+        ));
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
@@ -146,6 +171,7 @@ impl Daemon {
             Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
         let control = Control {
             to_core: tx.clone(),
+            operators: operators_tx.clone(),
             published: published.clone(),
             access: access.clone(),
         };
@@ -163,18 +189,26 @@ impl Daemon {
             tracker.spawn(metrics::serve(
                 l,
                 recorder.clone(),
-                tx.clone(),
+                operators_tx.clone(),
                 shutdown.clone(),
                 tracker.clone(),
             ));
         }
         let workers = Workers {
-            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts),
+            supervisor: Supervisor::start(events.clone(), containment.clone(), accounts, logs),
             containment: containment.clone(),
             http: probe::client(),
             events: events.clone(),
             tracker: tracker.clone(),
         };
+        for r in &adopted.replicas {
+            workers.supervisor.watch_adopted(
+                crate::core::ReplicaId(r.replica.clone()),
+                r.pid,
+                r.model.clone(),
+            );
+        }
+        let persister = Persister::start(&state_dir);
         let mut shell = Shell {
             node,
             fx: Effects::new(workers, published, recorder, state_dir),
@@ -188,11 +222,17 @@ impl Daemon {
             tracker: tracker.clone(),
             gpu_kind,
             stopping: false,
+            containment: containment.clone(),
+            persister,
+            saved: Vec::new(),
+            reexec,
+            listener_fd,
+            upgrade_due,
         };
-        shell.start();
+        shell.start(how, adopted);
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
-        let mut watchdog = shell.notifier.watchdog_interval().map(ticker);
+        let watchdog = shell.notifier.watchdog_interval().map(ticker);
         if let Some(t) = shell.notifier.watchdog_timeout() {
             tracing::info!(
                 "systemd watchdog: {}ms; pinging every {}ms",
@@ -200,44 +240,45 @@ impl Daemon {
                 t.as_millis() / 2
             );
         }
-        let mut hard_deadline: Option<tokio::time::Instant> = None;
+        let mut sources = Sources {
+            stop,
+            hup,
+            watchdog,
+            inbox: rx,
+            operators: operators_rx,
+            operators_first: true,
+            deadline: None,
+            upgrade: upgrade_wake,
+        };
 
         while !shell.fx.done() {
-            let wake = tokio::select! {
-                biased;
-                Some(immediate) = stop.recv() => Wake::Stop(immediate),
-                Some(()) = hup.recv() => Wake::Hangup,
-                // Ahead of the inbox: a loop busy with a flood of reports is turning, not stuck.
-                _ = tick_opt(&mut watchdog) => Wake::Watchdog,
-                Some(msg) = rx.recv() => Wake::Msg(msg),
-                _ = shell.tick.tick() => Wake::Tick,
-            };
-            match wake {
+            match sources.next(&mut shell.tick).await {
                 Wake::Msg(msg) => shell.message(msg),
                 Wake::Stop(immediate) => {
                     if !shell.stopping {
-                        hard_deadline = Some(
-                            tokio::time::Instant::now()
-                                + shell.node.config().daemon.shutdown_timeout
-                                + Duration::from_secs(5),
-                        );
+                        // Checked: shutdown_timeout is whatever the file said.
+                        sources.deadline = shell
+                            .node
+                            .config()
+                            .daemon
+                            .shutdown_timeout
+                            .checked_add(Duration::from_secs(5))
+                            .and_then(|d| tokio::time::Instant::now().checked_add(d));
                     }
                     shell.stop(immediate);
                 }
                 Wake::Hangup => shell.event(Event::ReloadSignal),
                 Wake::Watchdog => shell.notifier.watchdog(),
-                Wake::Tick => {
-                    if hard_deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
-                        tracing::error!(
-                            "replicas still alive past shutdown_timeout; exiting anyway"
-                        );
-                        break;
-                    }
-                    shell.event(Event::Tick);
+                Wake::Upgrade => shell.reexecute(),
+                Wake::Tick => shell.event(Event::Tick),
+                Wake::Deadline => {
+                    tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
+                    break;
                 }
             }
         }
 
+        shell.fx.finish(Duration::from_secs(2));
         shutdown.cancel();
         tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
@@ -254,8 +295,13 @@ impl Daemon {
 }
 
 impl Shell {
-    /// The first tick places the start-up replicas; then systemd hears that start-up is done.
-    fn start(&mut self) {
+    /// Adoption first (so that the first tick counts the adopted replicas), then the first
+    /// tick places the start-up replicas; then systemd hears that start-up is done.
+    fn start(&mut self, how: Adoption, adopted: Ledger) {
+        self.event(Event::Adopt {
+            how,
+            ledger: adopted,
+        });
         self.event(Event::Tick);
         // The socket listens and the start-up replicas are placed: start-up is done as far as
         // systemd is concerned. Waiting for them to warm could take longer than any sensible
@@ -302,6 +348,10 @@ impl Shell {
     /// Hands one event to the core and carries out what it asks.
     fn event(&mut self, ev: Event) {
         let now = self.clock.now();
+        let processes_changed = matches!(
+            ev,
+            Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. }
+        );
         self.fx.begin(gpu_of(&ev));
         let actions = self.node.handle(ev, now);
         let mut reloaded = false;
@@ -325,8 +375,12 @@ impl Shell {
                     }
                     reloaded = true;
                 }
+                Action::Upgrade { id } => self.upgrade_asked(id),
                 other => self.fx.apply(other),
             }
+        }
+        if processes_changed || self.fx.changed() {
+            self.persist();
         }
         if reloaded {
             // Applied or refused: either way the daemon runs a valid configuration.
@@ -341,32 +395,114 @@ impl Shell {
         }
     }
 
+    /// `upgrade`: refused where it cannot work, else answered yes, and the re-exec comes once
+    /// the answer has had a moment to reach its connection.
+    fn upgrade_asked(&mut self, id: crate::core::RequestId) {
+        use crate::protocol::{ErrorCode, Failure, Response};
+        let refusal = if self.containment.mode() == containment::Mode::Groups {
+            Some("replicas have no cgroup here (process groups + PDEATHSIG): they would die with the old binary; restart the daemon instead".to_string())
+        } else {
+            match &self.reexec {
+                None => Some("the daemon's own binary could not be found at start".into()),
+                Some(r) => r.check().err().map(|e| format!("cannot execute {e}")),
+            }
+        };
+        let answer = match refusal {
+            Some(why) => {
+                tracing::warn!("upgrade refused: {why}");
+                Err(Failure::new(ErrorCode::Busy, why))
+            }
+            None => {
+                let tx = self.upgrade_due.clone();
+                self.tracker.spawn(async move {
+                    tokio::time::sleep(UPGRADE_ANSWER_GRACE).await;
+                    let _ = tx.send(()).await;
+                });
+                Ok(Response::Done {})
+            }
+        };
+        self.fx.apply(Action::Reply { id, answer });
+    }
+
+    /// Writes the hand-over and replaces this process with the binary on disk. Returns only if
+    /// the exec failed: the old binary then carries on, nothing lost.
+    fn reexecute(&mut self) {
+        let Some(reexec) = self.reexec.clone() else {
+            return;
+        };
+        if self.stopping {
+            return;
+        }
+        let path = super::ledger::handover_path(&self.node.config().daemon.state_dir);
+        let bytes = self.snapshot();
+        if let Err(e) = super::ledger::write_atomic(&path, &bytes) {
+            tracing::error!("upgrade: writing {}: {e}; not upgrading", path.display());
+            return;
+        }
+        if let Err(e) = upgrade::keep_across_exec(self.listener_fd) {
+            tracing::error!("upgrade: keeping the socket open: {e}; not upgrading");
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        self.notifier.reloading();
+        tracing::info!(
+            "upgrade: re-executing {} with {} replica(s) handed over",
+            reexec.exe.display(),
+            self.node.ledger().replicas.len()
+        );
+        let err = reexec.exec(&[
+            (upgrade::HANDOVER_ENV, path.display().to_string()),
+            (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
+        ]);
+        // Still here: the exec failed. Undo, and keep running the old binary.
+        // SAFETY: as in `exec`: nothing else reads these meanwhile.
+        unsafe {
+            std::env::remove_var(upgrade::HANDOVER_ENV);
+            std::env::remove_var(upgrade::LISTEN_FD_ENV);
+        }
+        let _ = std::fs::remove_file(&path);
+        let _ = nix::fcntl::fcntl(
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(self.listener_fd) },
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+        tracing::error!(
+            "upgrade failed: exec {}: {err}; the running binary carries on",
+            reexec.exe.display()
+        );
+        let line = self.status_line();
+        self.notifier.ready(&line);
+    }
+
+    /// The ledger and the proofs, as the next run would need them now.
+    fn snapshot(&self) -> Vec<u8> {
+        let saved = Saved::new(self.node.ledger(), self.containment.proofs());
+        serde_json::to_vec(&saved).unwrap_or_default()
+    }
+
+    /// Hands the ledger to the writer if it changed.
+    fn persist(&mut self) {
+        let bytes = self.snapshot();
+        if bytes != self.saved {
+            self.saved = bytes.clone();
+            self.persister.save(bytes);
+        }
+    }
+
     fn status_line(&self) -> String {
         let st = self.node.status(None, self.clock.now());
         status_line(&st, &self.gpu_kind, self.stopping)
     }
 }
 
-fn ticker(period: Duration) -> tokio::time::Interval {
-    let mut t = tokio::time::interval(period);
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t
-}
-
-/// The next tick of a timer that may not exist (no watchdog): never, then.
-async fn tick_opt(t: &mut Option<tokio::time::Interval>) {
-    match t {
-        Some(t) => {
-            t.tick().await;
-        }
-        None => std::future::pending().await,
-    }
-}
+/// How long the answer to `upgrade` gets to reach its client before the exec closes every
+/// connection.
+const UPGRADE_ANSWER_GRACE: Duration = Duration::from_millis(100);
 
 /// The device an event is about, for the `GPU` field of what the core logs in answer.
 fn gpu_of(ev: &Event) -> Option<String> {
     match ev {
-        Event::GpuXid { uuid, .. } | Event::GpuMemory { uuid, .. } => Some(uuid.clone()),
+        Event::GpuXid { uuid, .. } => Some(uuid.clone()),
+        Event::GpuReading(r) => Some(r.uuid.clone()),
         _ => None,
     }
 }

@@ -12,8 +12,9 @@ use tokio_util::task::TaskTracker;
 use super::containment::Containment;
 use super::inbox::{Answered, EventSink, Published};
 use super::metrics::{ReadyPath, Recorder};
+use super::state::Saver;
 use super::supervisor::Supervisor;
-use super::{probe, scrape, state};
+use super::{probe, scrape};
 use crate::core::{Action, Event, LogLevel, Readiness, ReplicaId, RequestId};
 use crate::protocol::{WatchEvent, WatchedState};
 
@@ -57,7 +58,8 @@ pub struct Effects {
     /// Sequence number of the last published event.
     seq: u64,
     recorder: Arc<Recorder>,
-    state_dir: PathBuf,
+    /// Writes `state_dir/overrides.json`, off the loop.
+    saver: Saver,
     /// The GPUs of each replica that holds some, for the log's GPU field.
     gpus: HashMap<String, String>,
     current: Current,
@@ -81,7 +83,7 @@ impl Effects {
             published,
             seq: 0,
             recorder,
-            state_dir,
+            saver: Saver::start(state_dir),
             gpus: HashMap::new(),
             current: Current {
                 started: Instant::now(),
@@ -109,6 +111,11 @@ impl Effects {
     /// Every replica is gone after a shutdown.
     pub fn done(&self) -> bool {
         self.done
+    }
+
+    /// The loop ends: overrides still being written are given `within` to reach the disk.
+    pub fn finish(&mut self, within: std::time::Duration) {
+        self.saver.finish(within);
     }
 
     /// Keeps `reply` until the core answers the request it gets the returned id with.
@@ -176,12 +183,13 @@ impl Effects {
                 replica,
                 url,
                 format,
+                models,
                 timeout,
             } => {
                 let client = self.workers.http.clone();
                 let events = self.workers.events.clone();
                 self.workers.tracker.spawn(async move {
-                    let outcome = scrape::run(&client, &url, format, timeout).await;
+                    let outcome = scrape::run(&client, &url, format, &models, timeout).await;
                     events.send(Event::Scraped { replica, outcome }).await;
                 });
             }
@@ -199,14 +207,7 @@ impl Effects {
                 }
             }
             Action::Publish(event) => self.publish(event),
-            Action::PersistOverrides(overrides) => {
-                if let Err(e) = state::save(&self.state_dir, &overrides) {
-                    tracing::error!(
-                        "saving scale overrides in {}: {e}",
-                        self.state_dir.display()
-                    );
-                }
-            }
+            Action::PersistOverrides(overrides) => self.saver.save(overrides),
             Action::Ready { model, how, .. } => {
                 let (path, secs) = match how {
                     Readiness::Cold(d) => (ReadyPath::Cold, d.as_secs_f64()),
@@ -231,7 +232,7 @@ impl Effects {
             }
             Action::ShutdownComplete => self.done = true,
             // The event loop's: it owns the timer, the notifier and the log filter.
-            Action::ReadConfig { .. } | Action::ReloadDone { .. } => {}
+            Action::ReadConfig { .. } | Action::ReloadDone { .. } | Action::Upgrade { .. } => {}
         }
     }
 

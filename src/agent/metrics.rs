@@ -430,6 +430,7 @@ mod tests {
             queue_depth: Some(7),
             in_flight: Some(1),
             age_ms: Some(10),
+            router: None,
         };
         let quiet = model("q");
         let gpus = vec![GpuView {
@@ -445,6 +446,9 @@ mod tests {
             memory_foreign: None,
             note: None,
             topology: None,
+            memory_driver_reserved: None,
+            mig_parent: None,
+            nvlink: Vec::new(),
         }];
         let text = r.render(StatusView {
             models: vec![m, quiet],

@@ -3,8 +3,6 @@
 //! what cannot change without a restart at its running values, and applies the settings it owns
 //! (log level, access, tick) once the core has applied the rest.
 
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +18,6 @@ use crate::core::{Event, NewConfig, ReloadCause};
 /// The longest a read of the configuration file may take. A file that does not come within this
 /// (a hung network filesystem) fails the reload; the daemon goes on meanwhile.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A configuration file larger than this is refused rather than read into memory.
-const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// What a reload may not change without a restart: the socket and the metrics listener are
 /// bound, the state directory was read, the inventory was opened at start.
@@ -122,36 +117,11 @@ pub fn start_read(
     });
 }
 
-/// Reads and validates the file; errors name the file (and the line and key, when the text
-/// is at fault).
+/// Reads and validates the file as `hearth daemon` does at start (`Config::load`: a FIFO or
+/// anything but a regular file refused at once, the size bounded, every check down to the
+/// commands' programs); errors name the file (and the line and key, when the text is at fault).
 pub fn read(path: &Path) -> Result<Config, String> {
-    let unreadable = |why: String| {
-        format!(
-            "{}: -: cannot read configuration file: {why}",
-            path.display()
-        )
-    };
-    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, for ever.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| unreadable(e.to_string()))?;
-    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(unreadable("not a regular file".into()));
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(unreadable(format!(
-            "{} bytes; a configuration file is at most {MAX_FILE_BYTES}",
-            meta.len()
-        )));
-    }
-    let mut text = String::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| unreadable(e.to_string()))?;
-    Config::parse(&text, path).map_err(|e| e.to_string())
+    Config::load(path).map_err(|e| e.to_string())
 }
 
 /// The daemon settings the shell owns, applied when the core says a reload is in force.
@@ -182,6 +152,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::MAX_FILE_BYTES;
 
     #[test]
     fn a_fifo_or_a_directory_at_the_path_is_refused_at_once() {

@@ -108,6 +108,9 @@ mod tests {
             memory_foreign: None,
             note: None,
             topology: None,
+            memory_driver_reserved: None,
+            mig_parent: None,
+            nvlink: Vec::new(),
         }
     }
 

@@ -1,22 +1,23 @@
 //! Spawns replica processes and watches them: each in its own process group and its cgroup or
 //! scope (placed before exec: containment/), as its model's account, with the placeholders'
-//! environment, PR_SET_PDEATHSIG, output forwarded to tracing, exits seen at once.
+//! environment, output straight to journald or a log file of its own (replica_log.rs), exits
+//! seen at once. Where a cgroup or scope holds the replica it outlives the daemon (issue 14:
+//! the next run adopts it); where none does, PR_SET_PDEATHSIG ties it to the daemon, since
+//! nothing could find it again.
 
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use nix::sys::signal::Signal;
-use tokio::io::AsyncRead;
 use tokio::process::Command;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use super::account::{Accounts, Credentials};
 use super::containment::{listeners, ChildSide, Containment, Gate};
 use super::inbox::EventSink;
 use super::prefetch;
+use super::replica_log::ReplicaLogs;
 use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal};
 
 /// Variables of the daemon's own that must never reach a child: they describe the daemon's
@@ -27,6 +28,9 @@ fn inherited_but_private(name: &str) -> bool {
         || name == "JOURNAL_STREAM"
         || name.starts_with("WATCHDOG_")
         || name.starts_with("LISTEN_")
+        || name == super::upgrade::HANDOVER_ENV
+        || name == super::upgrade::LISTEN_FD_ENV
+        || name == super::upgrade::PANIC_REEXECS_ENV
 }
 
 struct Job {
@@ -39,6 +43,7 @@ struct Spawner {
     events: EventSink,
     containment: Arc<Containment>,
     accounts: Accounts,
+    logs: ReplicaLogs,
 }
 
 /// Hands spawn requests to one long-lived thread. PR_SET_PDEATHSIG fires when the *thread* that
@@ -60,6 +65,7 @@ impl Supervisor {
         events: EventSink,
         containment: Arc<Containment>,
         accounts: Accounts,
+        logs: ReplicaLogs,
     ) -> Supervisor {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let spawner = Spawner {
@@ -67,6 +73,7 @@ impl Supervisor {
             events: events.clone(),
             containment: containment.clone(),
             accounts,
+            logs,
         };
         std::thread::Builder::new()
             .name("hearth-spawner".into())
@@ -98,6 +105,22 @@ impl Supervisor {
         if let Err(e) = started {
             tracing::warn!("could not start a prefetch thread: {e}; the replica starts without it");
         }
+    }
+
+    /// Watches an adopted replica's leader, which this process did not start (or started
+    /// before it re-executed itself): its exit is seen through a pidfd, it is reaped if it is
+    /// a child, and what it left goes with it as for any replica.
+    pub fn watch_adopted(&self, replica: ReplicaId, pid: u32, model: String) {
+        let (events, containment) = (self.events.clone(), self.containment.clone());
+        tokio::spawn(async move {
+            let status = wait_pidfd(pid).await;
+            let r = replica.clone();
+            let cleared = tokio::task::spawn_blocking(move || containment.release(&r, pid)).await;
+            if let Ok(Some(what)) = cleared {
+                tracing::info!(model = %model, replica = %replica, "after its exit: {what}");
+            }
+            events.send(Event::Exited { replica, status }).await;
+        });
     }
 
     /// Shutdown: prefetches under way stop.
@@ -165,6 +188,7 @@ fn build_command(
     spec: &SpawnSpec,
     creds: Option<Credentials>,
     gate: Option<ChildSide>,
+    output: (Stdio, Stdio),
 ) -> Result<Command, String> {
     let program = spec.command.first().ok_or("empty command")?;
     let mut cmd = std::process::Command::new(program);
@@ -175,9 +199,10 @@ fn build_command(
         }
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Stdio::null()).stdout(output.0).stderr(output.1);
+    // A replica in a cgroup or scope is found again by the next run of the daemon and may
+    // outlive this one; one in a bare process group could not be, so it dies with the daemon.
+    let pdeathsig = gate.is_none();
     // Its own process group, so a stop reaches every process the server started.
     cmd.process_group(0);
     let daemon_pid = nix::unistd::getpid();
@@ -191,11 +216,13 @@ fn build_command(
                 nix::unistd::setgid(c.gid)?;
                 nix::unistd::setuid(c.uid)?;
             }
-            // After the credential change, which would clear it.
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // The daemon may have died before prctl: then no signal will ever come.
-            if nix::unistd::getppid() != daemon_pid {
-                libc::_exit(1);
+            if pdeathsig {
+                // After the credential change, which would clear it.
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // The daemon may have died before prctl: then no signal will ever come.
+                if nix::unistd::getppid() != daemon_pid {
+                    libc::_exit(1);
+                }
             }
             // Last: nothing of the server runs, and nothing can fork, until it is placed.
             if let Some(g) = gate {
@@ -274,7 +301,18 @@ fn spawn_one(job: Job, sv: &Spawner) {
     } else {
         None
     };
-    let mut cmd = match build_command(&spec, creds, gate.as_ref().map(Gate::child_side)) {
+    let output = match sv.logs.open(replica.as_str()) {
+        Ok(o) => o,
+        Err(e) => {
+            sv.containment.discard(placement);
+            let error = format!(
+                "opening its output ({}): {e}",
+                sv.logs.location(replica.as_str())
+            );
+            return send(Event::SpawnFailed { replica, error });
+        }
+    };
+    let mut cmd = match build_command(&spec, creds, gate.as_ref().map(Gate::child_side), output) {
         Ok(c) => c,
         Err(error) => {
             sv.containment.discard(placement);
@@ -320,30 +358,12 @@ fn spawn_one(job: Job, sv: &Spawner) {
     drop(guard);
     // GPU is the journal field for the device(s): absent for CPU-only replicas.
     let gpu = (!spec.gpus.is_empty()).then(|| spec.gpus.join(","));
-    tracing::info!(model = %spec.model, replica = %replica, gpu = gpu.as_deref(), pid, port = spec.port, "spawned: {}", spec.command.join(" "));
+    tracing::info!(model = %spec.model, replica = %replica, gpu = gpu.as_deref(), pid, port = spec.port, output = %sv.logs.location(replica.as_str()), "spawned: {}", spec.command.join(" "));
     send(Event::Spawned {
         replica: replica.clone(),
         pid,
     });
     let handle = &sv.handle;
-    if let Some(out) = child.stdout.take() {
-        handle.spawn(forward_output(
-            out,
-            spec.model.clone(),
-            replica.clone(),
-            gpu.clone(),
-            "stdout",
-        ));
-    }
-    if let Some(err) = child.stderr.take() {
-        handle.spawn(forward_output(
-            err,
-            spec.model.clone(),
-            replica.clone(),
-            gpu.clone(),
-            "stderr",
-        ));
-    }
     let events = sv.events.clone();
     let containment = sv.containment.clone();
     let model = spec.model.clone();
@@ -365,6 +385,42 @@ fn spawn_one(job: Job, sv: &Spawner) {
     });
 }
 
+/// Waits for `pid` to exit through a pidfd (Linux 5.3+); reaps it if it is our child (after a
+/// re-exec, replicas are still children). The exit as far as it can be known.
+async fn wait_pidfd(pid: u32) -> String {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return "ended (gone before it could be watched)".to_string();
+    }
+    // SAFETY: a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the pidfd is owned by the AsyncFd, neither replaced nor closed while registered.
+    match unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    } {
+        Ok(afd) => {
+            let _ = afd.readable().await;
+        }
+        Err(e) => {
+            tracing::warn!(pid, "watching an adopted process: {e}; polling it instead");
+            while super::containment::procfs::stat(pid).is_some_and(|s| s.alive()) {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    match waitpid(
+        nix::unistd::Pid::from_raw(pid as i32),
+        Some(WaitPidFlag::WNOHANG),
+    ) {
+        Ok(WaitStatus::Exited(_, c)) => format!("exit status {c}"),
+        Ok(WaitStatus::Signaled(_, sig, _)) => format!("killed by {sig:?}"),
+        _ => "ended (not a child of this daemon: its status is not known)".to_string(),
+    }
+}
+
 fn describe(s: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
@@ -374,34 +430,5 @@ fn describe(s: ExitStatus) -> String {
             Err(_) => format!("killed by signal {sig}"),
         },
         _ => "ended".to_string(),
-    }
-}
-
-async fn forward_output(
-    stream: impl AsyncRead + Unpin,
-    model: String,
-    replica: ReplicaId,
-    gpu: Option<String>,
-    which: &'static str,
-) {
-    // Each line a replica prints is logged under its model, replica and GPU, so that the journal
-    // can show one replica's output (`journalctl -u hearth REPLICA=llama-8b-3`).
-    forward_lines(stream, |line| {
-        tracing::info!(target: "hearth::replica", model = %model, replica = %replica, gpu = gpu.as_deref(), stream = which, "{line}");
-    })
-    .await;
-}
-
-/// Longest child output line forwarded whole; longer ones are cut, not buffered forever.
-const MAX_OUTPUT_LINE: usize = 16 * 1024;
-
-async fn forward_lines(stream: impl AsyncRead + Unpin, mut f: impl FnMut(&str)) {
-    let mut lines = FramedRead::new(stream, LinesCodec::new_with_max_length(MAX_OUTPUT_LINE));
-    while let Some(item) = lines.next().await {
-        match item {
-            Ok(line) => f(&line),
-            Err(LinesCodecError::MaxLineLengthExceeded) => f("[line longer than 16 KiB dropped]"),
-            Err(LinesCodecError::Io(_)) => break,
-        }
     }
 }

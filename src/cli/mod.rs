@@ -105,8 +105,8 @@ pub enum Command {
         #[command(flatten)]
         socket: Socket,
     },
-    /// Change a model's min, max or warm pool (kept across restarts)
-    #[command(group(ArgGroup::new("change").args(["min", "max", "warm"]).required(true).multiple(true)))]
+    /// Change a model's min, max or warm pool (kept across restarts), or clear what was changed
+    #[command(group(ArgGroup::new("change").args(["min", "max", "warm", "reset"]).required(true).multiple(true)))]
     Scale {
         /// The model to change
         model: String,
@@ -119,6 +119,10 @@ pub enum Command {
         /// Warm, unrouted replicas to keep: a count, or "auto"
         #[arg(long, value_name = "N|auto", allow_negative_numbers = true, value_parser = parse_warm)]
         warm: Option<WarmPoolSetting>,
+        /// Clear the model's overrides first: the configuration file's values apply again (with
+        /// --min, --max or --warm, those are then set anew)
+        #[arg(long)]
+        reset: bool,
         #[command(flatten)]
         socket: Socket,
     },
@@ -126,6 +130,9 @@ pub enum Command {
     Drain {
         /// The replica, as status names it (MODEL-N)
         replica: String,
+        /// Drain it even where routed would drop below min and no replacement can be placed
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         socket: Socket,
     },
@@ -154,8 +161,16 @@ pub enum Command {
         #[command(flatten)]
         socket: Socket,
     },
+    /// Replace the running daemon with the binary now on disk, without stopping a replica
+    /// (same pid; every replica keeps its role, port and GPUs). `systemctl restart` stops them.
+    Upgrade {
+        #[command(flatten)]
+        socket: Socket,
+    },
     /// A stand-in model server for demos and tests
     ToyServer(crate::toy_server::ToyArgs),
+    /// The front door: an OpenAI-compatible HTTP entry point that queues for the daemon's replicas
+    Route(crate::route::cmd::RouteArgs),
     /// Replay traffic against hearth's policy and published autoscalers
     Simulate(crate::sim::SimArgs),
 }
@@ -172,10 +187,12 @@ impl Command {
             | Command::Drain { socket, .. }
             | Command::Cordon { socket, .. }
             | Command::Uncordon { socket, .. }
-            | Command::Reload { socket } => Some(socket),
+            | Command::Reload { socket }
+            | Command::Upgrade { socket } => Some(socket),
             Command::Daemon { .. }
             | Command::CheckConfig { .. }
             | Command::ToyServer(_)
+            | Command::Route(_)
             | Command::Simulate(_) => None,
         }
     }
@@ -239,16 +256,22 @@ fn parse_wait_ms(s: &str) -> Result<f64, String> {
 /// What to print of the answer.
 enum Render {
     Quiet,
-    Status { json: bool },
-    Gpus { json: bool },
+    Status {
+        json: bool,
+    },
+    Gpus {
+        json: bool,
+    },
     Stream,
+    /// Wait for the re-executed daemon to answer.
+    Upgrade,
 }
 
 /// The request a client verb sends and how its answer is shown; None for the other verbs.
 fn request_of(command: Command) -> Option<(Request, Render)> {
     Some(match command {
         Command::Status { model, json, .. } => (Request::Status { model }, Render::Status { json }),
-        Command::Gpus { json, .. } => (Request::Gpus, Render::Gpus { json }),
+        Command::Gpus { json, .. } => (Request::Gpus {}, Render::Gpus { json }),
         Command::Watch { model, .. } => (Request::Watch { model }, Render::Stream),
         Command::Report {
             model,
@@ -268,6 +291,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
                 in_flight,
                 arrived,
                 completed,
+                router: None,
             }),
             Render::Quiet,
         ),
@@ -276,6 +300,7 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             min,
             max,
             warm,
+            reset,
             ..
         } => (
             Request::Scale {
@@ -283,10 +308,11 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
                 min,
                 max,
                 warm_pool: warm,
+                reset,
             },
             Render::Quiet,
         ),
-        Command::Drain { replica, .. } => (Request::Drain { replica }, Render::Quiet),
+        Command::Drain { replica, force, .. } => (Request::Drain { replica, force }, Render::Quiet),
         Command::Cordon {
             gpu,
             reason,
@@ -301,10 +327,12 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             Render::Quiet,
         ),
         Command::Uncordon { gpu, .. } => (Request::Uncordon { gpu }, Render::Quiet),
-        Command::Reload { .. } => (Request::Reload, Render::Quiet),
+        Command::Reload { .. } => (Request::Reload {}, Render::Quiet),
+        Command::Upgrade { .. } => (Request::Upgrade {}, Render::Upgrade),
         Command::Daemon { .. }
         | Command::CheckConfig { .. }
         | Command::ToyServer(_)
+        | Command::Route(_)
         | Command::Simulate(_) => return None,
     })
 }
@@ -343,6 +371,12 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         (Render::Gpus { json: false }, Response::Gpus { gpus }) => {
             print_out(&gpu_table(&gpus));
         }
+        (Render::Upgrade, _) => {
+            // The old binary closes the connection as it re-executes; the new one answers on
+            // the same socket once it has taken every replica over.
+            while client.next_line().await.is_some() {}
+            return wait_upgraded(&socket).await;
+        }
         (Render::Stream, _) => {
             while let Some(line) = client.next_line().await {
                 if !print_out(&format!("{line}\n")) {
@@ -356,6 +390,24 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// After `upgrade`: polls `version` until the new binary answers (60 s at most).
+async fn wait_upgraded(socket: &std::path::Path) -> ExitCode {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(mut c) = Client::connect(socket).await {
+            if let Ok(Ok(Response::Version { version, .. })) = c.ask(&Request::Version {}).await {
+                println!("upgraded: hearth {version} runs, every replica handed over");
+                return ExitCode::SUCCESS;
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            eprintln!("hearth: the upgraded daemon did not answer within 60 s");
+            return ExitCode::from(1);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) {

@@ -109,8 +109,9 @@ fn model_block(m: &ModelView, uuids: &Uuids) -> String {
         }
     );
     out.push_str(&format!(
-        "  routed {}/{}  warm {}/{}  starting {}  pending {}  draining {}  (min {}, max {}, pool {})\n",
-        m.routed, m.desired_routed, m.warm, m.desired_warm, m.starting, m.pending, m.draining, m.min, m.max, m.warm_pool
+        "  routed {}/{}  warm {}/{}  starting {}  pending {}  draining {}  (min {}, max {}, pool {}, {} slot{} each)\n",
+        m.routed, m.desired_routed, m.warm, m.desired_warm, m.starting, m.pending, m.draining, m.min, m.max, m.warm_pool,
+        m.slots, if m.slots == 1 { "" } else { "s" }
     ));
     out.push_str(&format!(
         "  queue: oldest wait {} (target {} ms), depth {}, in flight {}, report age {}",

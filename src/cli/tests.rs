@@ -10,8 +10,9 @@ use super::*;
 use crate::protocol::{GpuView, ModelView, ReplicaState, ReplicaView, SignalView, StatusView};
 
 /// The verbs that talk to the daemon.
-const CLIENT_VERBS: [&str; 9] = [
+const CLIENT_VERBS: [&str; 10] = [
     "status", "watch", "gpus", "report", "scale", "drain", "cordon", "uncordon", "reload",
+    "upgrade",
 ];
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -158,6 +159,9 @@ fn gpu(index: u32, uuid: &str, used: Option<u64>, note: Option<&str>) -> GpuView
         memory_foreign: used.map(|u| u - 20 * GIB),
         note: note.map(String::from),
         topology: None,
+        memory_driver_reserved: None,
+        mig_parent: None,
+        nvlink: Vec::new(),
     }
 }
 
@@ -261,7 +265,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         "{t}"
     );
     assert!(!t.contains("- ms") && !t.contains("— ms"), "{t}");
-    assert!(t.contains("(min 1, max 4, pool auto)"), "{t}");
+    assert!(t.contains("(min 1, max 4, pool auto, 1 slot each)"), "{t}");
     let m1 = t.lines().find(|l| l.contains("m-1")).unwrap();
     assert!(m1.contains("GPU-3f1b6c2e…") && !m1.contains(UUID_A), "{m1}");
     let m2: Vec<&str> = t
@@ -278,6 +282,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         queue_depth: Some(12),
         in_flight: Some(3),
         age_ms: Some(40),
+        router: None,
     };
     let t = status_table(&StatusView {
         models: vec![model(fresh, vec![])],

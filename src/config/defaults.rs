@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Placement;
+use super::{DeviceNaming, Placement};
 
 pub fn version() -> String {
     "1".to_string()
@@ -16,6 +16,11 @@ pub fn gpus() -> u32 {
 
 pub fn placement() -> Placement {
     Placement::Pack
+}
+
+/// Indices: vLLM, the flagship server, cannot read UUIDs.
+pub fn device_naming() -> DeviceNaming {
+    DeviceNaming::Index
 }
 
 pub fn warmup_method() -> String {

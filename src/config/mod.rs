@@ -48,6 +48,38 @@ pub struct Config {
     pub access: AccessConfig,
     pub gpus: GpusConfig,
     pub models: Vec<ModelConfig>,
+    /// `[route]`: what `hearth route` runs with (the daemon only checks it).
+    pub route: RouteConfig,
+}
+
+/// `[route]`, the front door. Every key has a default, so a file without the table runs a front
+/// door on loopback with the defaults in `crate::route::settings`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    pub listen: SocketAddr,
+    /// Requests each model's FIFO holds, unless `[route.model.NAME] max_queue` says otherwise.
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+    pub max_body: usize,
+    /// Request bodies held at once, all requests together.
+    pub max_buffered: usize,
+    pub max_connections: usize,
+    /// None: the CPUs, at most `route::settings::DEFAULT_MAX_THREADS`.
+    pub threads: Option<usize>,
+    pub shutdown_grace: Duration,
+    /// Bearer tokens; empty: no authentication.
+    pub api_keys: Vec<String>,
+    /// Another name → a configured model.
+    pub aliases: BTreeMap<String, String>,
+    /// `[route.model.NAME]`, by model name (every name is a configured model).
+    pub models: BTreeMap<String, RouteModelConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteModelConfig {
+    pub max_queue: Option<usize>,
+    /// What `/m/{model}/…` passes; None: the inference paths.
+    pub paths: Option<crate::route::paths::PathRules>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,12 +141,32 @@ pub enum Placement {
     Spread,
 }
 
+/// How a replica's `CUDA_VISIBLE_DEVICES` names its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceNaming {
+    /// NVML indices, with `CUDA_DEVICE_ORDER=PCI_BUS_ID` so that CUDA numbers devices the way
+    /// NVML does (PCI bus order). What vLLM needs (it reads each entry with `int()`); cannot
+    /// name a MIG instance.
+    Index,
+    /// Device UUIDs (`GPU-…`, `MIG-…`): unambiguous, and the only way to name MIG instances.
+    Uuid,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub name: String,
     /// What its replicas are made from. Everything else here applies to running replicas live.
     pub launch: LaunchSpec,
+    /// A replica of this model starts alone on its GPUs: it is not started on a device where
+    /// another replica is starting or stopping, and while it starts nothing else is started
+    /// there (servers such as vLLM size their KV cache from the device's free memory once, at
+    /// start).
+    pub start_alone: bool,
     pub priority: i32,
+    /// Requests one replica serves at once (`slots`, default 1): the front door never sends
+    /// more. Live: a change reaches the router through `watch`, replicas keep running.
+    pub slots: u32,
     pub stop_grace: Duration,
     pub liveness: Option<LivenessConfig>,
     pub signal: Option<SignalConfig>,
@@ -148,6 +200,9 @@ pub struct LaunchSpec {
     pub gpu_memory: Option<u64>,
     #[serde(default = "defaults::placement")]
     pub placement: Placement,
+    /// How `CUDA_VISIBLE_DEVICES` names the replica's devices.
+    #[serde(default = "defaults::device_naming")]
+    pub device_naming: DeviceNaming,
     #[serde(default)]
     pub prefetch: Vec<String>,
     pub warmup: WarmupConfig,
@@ -206,6 +261,9 @@ pub struct SignalConfig {
     pub scrape: String,
     pub format: ScrapeFormat,
     pub interval: Duration,
+    /// Triton: the models whose request counters count (the ones clients call: an ensemble,
+    /// not its steps); empty: every model.
+    pub models: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,6 +325,44 @@ pub enum Checks {
     Host,
 }
 
+/// A configuration file larger than this is refused rather than read into memory.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// The text of the configuration file at `path`, for the daemon at start, a reload and
+/// `check-config` alike. Only a regular file of at most `MAX_FILE_BYTES` is read; it is opened
+/// with O_NONBLOCK, so that a FIFO at the path is refused at once rather than waited on for
+/// ever (a blocking open of a FIFO waits for a writer).
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |why: String| ConfigError {
+        file: path.to_path_buf(),
+        line: None,
+        key: "-".to_string(),
+        message: format!("cannot read configuration file: {why}"),
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| unreadable(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(unreadable(format!(
+            "{} bytes; a configuration file is at most {MAX_FILE_BYTES}",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| unreadable(e.to_string()))?;
+    Ok(text)
+}
+
 impl Config {
     /// Read the configuration file at `path` and check everything `hearth daemon` needs to run it
     /// on this host ([`Checks::Host`]).
@@ -276,12 +372,7 @@ impl Config {
 
     /// Read the configuration file at `path` and check it to depth `checks`.
     pub fn load_with(path: &Path, checks: Checks) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.to_path_buf(),
-            line: None,
-            key: "-".to_string(),
-            message: format!("cannot read configuration file: {e}"),
-        })?;
+        let text = read_file(path)?;
         Config::parse_with(&text, path, checks)
     }
 

@@ -26,6 +26,32 @@ pub(super) struct RawConfig {
     pub gpus: Opt<RawGpus>,
     /// None when the file has neither `[[model]]` nor `model = []`.
     pub model: Opt<Vec<Spanned<RawModel>>>,
+    pub route: Opt<RawRoute>,
+}
+
+/// `[route]`: the front door's keys (`hearth route` reads the same file).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawRoute {
+    pub listen: Opt<String>,
+    pub max_queue: Opt<i64>,
+    pub queue_timeout: Opt<String>,
+    pub max_body: Opt<String>,
+    pub max_buffered: Opt<String>,
+    pub max_connections: Opt<i64>,
+    pub threads: Opt<i64>,
+    pub shutdown_grace: Opt<String>,
+    pub api_keys: Opt<Vec<Spanned<String>>>,
+    pub aliases: Opt<BTreeMap<Spanned<String>, Spanned<String>>>,
+    /// `[route.model.NAME]`: per-model overrides.
+    pub model: Opt<BTreeMap<Spanned<String>, Spanned<RawRouteModel>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawRouteModel {
+    pub max_queue: Opt<i64>,
+    pub paths: Opt<Vec<Spanned<String>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -74,7 +100,10 @@ pub(super) struct RawModel {
     pub gpus: Opt<u32>,
     pub gpu_memory: Opt<String>,
     pub placement: Opt<String>,
+    pub device_naming: Opt<String>,
+    pub start_alone: Opt<bool>,
     pub priority: Opt<i32>,
+    pub slots: Opt<i64>,
     pub stop_grace: Opt<String>,
     pub prefetch: Opt<Vec<String>>,
     pub warmup: Opt<RawWarmup>,
@@ -112,6 +141,7 @@ pub(super) struct RawSignal {
     pub scrape: Opt<String>,
     pub format: Opt<String>,
     pub interval: Opt<String>,
+    pub models: Opt<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::gpu::GpuDevice;
 use super::model::Overrides;
 use super::replica::ReplicaId;
+use super::xid::RecoveryAction;
 use crate::config::{Config, ScrapeFormat};
 use crate::protocol::{Answer, Request, Role, WatchEvent};
 
@@ -97,6 +98,35 @@ pub struct Usage {
     pub cpu_seconds: Option<f64>,
 }
 
+/// One reading of a device by the GPU monitor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    pub uuid: String,
+    /// Memory allocated on the device by every process (NVML's `used`, which leaves out the
+    /// driver's reserve).
+    pub used: u64,
+    /// Memory the driver and firmware set aside.
+    pub driver_reserved: u64,
+    /// The compute processes on the device, as the driver lists them.
+    pub processes: Vec<GpuProcess>,
+    /// The device's recovery action, where the driver reports one.
+    pub recovery: Option<RecoveryAction>,
+}
+
+/// A process on a GPU and what the shell could find out about whose it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Bytes it holds on the device; None where the driver would not say ("Unavailable": MIG
+    /// without privilege, another PID namespace).
+    pub bytes: Option<u64>,
+    /// The replica whose cgroup holds it, where replicas have cgroups.
+    pub replica: Option<ReplicaId>,
+    /// Processes that may have started it, nearest first: itself, its process group, its
+    /// parents, its session. The first that is a replica's leader makes it that replica's.
+    pub leaders: Vec<u32>,
+}
+
 /// What a scrape of a model server's own metrics says about its queue.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ScrapedQueue {
@@ -113,6 +143,29 @@ pub struct ScrapedQueue {
     pub queue_time: Option<QueueTime>,
     pub arrived: Option<u64>,
     pub completed: Option<u64>,
+}
+
+impl ScrapedQueue {
+    /// Within the bounds a report is held to (`protocol::MAX_QUEUE` and the others beside it):
+    /// a server's metrics are numbers from outside, and nobody is there to refuse them to, so
+    /// they are clamped. A wait that is not a finite number ≥ 0 is no wait.
+    pub fn bounded(self) -> ScrapedQueue {
+        use crate::protocol::{MAX_COUNTER, MAX_QUEUE, MAX_WAIT_MS};
+        let wait = |w: f64| (w.is_finite() && w >= 0.0).then(|| w.min(MAX_WAIT_MS));
+        ScrapedQueue {
+            queue_depth: self.queue_depth.min(MAX_QUEUE),
+            in_flight: self.in_flight.min(MAX_QUEUE),
+            oldest_wait_ms: self.oldest_wait_ms.and_then(wait),
+            queue_time: self.queue_time.and_then(|t| {
+                (t.total_ms.is_finite() && t.total_ms >= 0.0).then_some(QueueTime {
+                    total_ms: t.total_ms.min(MAX_WAIT_MS * MAX_COUNTER as f64),
+                    count: t.count.min(MAX_COUNTER),
+                })
+            }),
+            arrived: self.arrived.map(|v| v.min(MAX_COUNTER)),
+            completed: self.completed.map(|v| v.min(MAX_COUNTER)),
+        }
+    }
 }
 
 /// Monotonic totals over the requests that have left a server's queue.
@@ -230,17 +283,15 @@ pub enum Event {
     ConfigRead(Result<Box<NewConfig>, String>),
     /// The devices the inventory sees now (at start, and when it changes).
     Inventory(Vec<GpuDevice>),
-    /// An XID error NVML reported for a device.
+    /// An XID error NVML reported for a device (or for a GPU whose MIG instances are the
+    /// devices), with the device's recovery action read right after it (None: not readable).
     GpuXid {
         uuid: String,
         xid: u64,
+        recovery: Option<RecoveryAction>,
     },
-    /// Memory in use on a device (every process), and how much each process group holds there.
-    GpuMemory {
-        uuid: String,
-        used: u64,
-        by_group: Vec<(u32, u64)>,
-    },
+    /// A reading of one device: memory, the processes on it, the recovery action.
+    GpuReading(GpuReading),
     /// Progress of reading a starting replica's `prefetch` files into the page cache (the
     /// shell sends one at the start, some while reading, and one when done: `done == total`).
     /// `missing`: patterns that matched nothing or files that could not be read.
@@ -260,6 +311,13 @@ pub enum Event {
     },
     /// Resource use of live replicas, sampled by the shell.
     Usage(Vec<(ReplicaId, Usage)>),
+    /// At start, before the first tick: replicas of an earlier run, found alive and proven to
+    /// be the processes that were started (pid, start time, cgroup); the shell has taken
+    /// charge of their processes (it sees their exits, it can signal them).
+    Adopt {
+        how: super::adopt::Adoption,
+        ledger: super::adopt::Ledger,
+    },
     /// SIGTERM/SIGINT: drain and stop everything; `immediate` on the second signal.
     Shutdown {
         immediate: bool,
@@ -293,6 +351,8 @@ pub enum Action {
         replica: ReplicaId,
         url: String,
         format: ScrapeFormat,
+        /// Triton: the models whose request counters count; empty: all.
+        models: Vec<String>,
         timeout: Duration,
     },
     /// The answer to `Event::Request` `id`; the socket layer writes it.
@@ -330,4 +390,9 @@ pub enum Action {
     },
     /// Every replica is gone after a shutdown.
     ShutdownComplete,
+    /// `upgrade` asked (request `id`, not yet answered): the shell re-executes the daemon with
+    /// the binary on disk, handing every replica over (agent/upgrade.rs), or answers why not.
+    Upgrade {
+        id: RequestId,
+    },
 }

@@ -1,40 +1,125 @@
-//! The GPU table: devices as the inventory reports them, hearth's reservations on them, health
-//! and cordons; and placement of a replica onto them.
+//! The GPU table: devices as the inventory reports them, hearth's reservations on them, what the
+//! readings say (memory, recovery action), health and cordons. Everything is keyed by the
+//! device's UUID: the inventory may list devices in another order, or without one of them, at
+//! any reading, and a reservation must stay with the device it was made on. Placement is in
+//! placement.rs.
 
-use crate::config::Placement;
+use crate::config::GpusConfig;
 use crate::protocol::GpuView;
 
 use super::replica::ReplicaId;
+use super::xid::RecoveryAction;
 
 /// A device as the inventory (NVML or the static list) sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuDevice {
+    /// NVML's index (PCI bus order), or the position in `[[gpus.device]]`; a MIG instance has
+    /// its parent's.
     pub index: u32,
+    /// `GPU-…`, or `MIG-…` for a MIG instance.
     pub uuid: String,
     pub name: String,
     pub memory_total: u64,
-    /// Memory held by processes hearth did not start.
-    pub memory_foreign: u64,
-    /// Devices with the same value share a NUMA node or PCIe root (as NVML tells); multi-GPU
-    /// replicas prefer such sets.
+    /// The NUMA node the device hangs off (`numa<N>`), where the kernel knows it.
     pub topology: Option<String>,
+    /// Set when the device is a MIG instance (a slice of a GPU in MIG mode).
+    pub mig: Option<MigSlice>,
+    /// How this device reaches each other device (from NVML's topology and NVLink queries);
+    /// multi-GPU replicas prefer the closest set.
+    pub links: Vec<PeerLink>,
+    /// Why the inventory found the device unusable (lost, MIG mode without instances…); such a
+    /// device takes nothing and what it holds moves off.
+    pub fault: Option<String>,
+    /// NVML will report the device's memory: start-up placement waits (briefly) for the first
+    /// reading, so that memory someone else holds is known before anything is placed.
+    pub metered: bool,
+}
+
+/// Where a MIG instance sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigSlice {
+    /// The UUID of the GPU it is a slice of: XIDs and recovery actions are the parent's.
+    pub parent: String,
+    /// Its GPU instance id, which NVML's XID events carry.
+    pub gpu_instance: u32,
+}
+
+/// How a device reaches a peer, closest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Link {
+    /// NVLink (a bridge, or an NVSwitch fabric): NVML says peer-to-peer over NVLink works.
+    NvLink,
+    /// On one board (NVML: TOPOLOGY_INTERNAL, e.g. two GPUs of one card).
+    Board,
+    /// Behind one PCIe switch (TOPOLOGY_SINGLE).
+    PcieSwitch,
+    /// Behind several PCIe switches, without the host bridge (TOPOLOGY_MULTIPLE).
+    PcieSwitches,
+    /// Through one PCIe host bridge (TOPOLOGY_HOSTBRIDGE).
+    HostBridge,
+    /// On one NUMA node, across host bridges (TOPOLOGY_NODE).
+    Numa,
+    /// Across NUMA nodes (TOPOLOGY_SYSTEM).
+    System,
+}
+
+impl Link {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Link::NvLink => "NVLink",
+            Link::Board => "same board",
+            Link::PcieSwitch => "one PCIe switch",
+            Link::PcieSwitches => "PCIe switches",
+            Link::HostBridge => "one PCIe host bridge",
+            Link::Numa => "one NUMA node",
+            Link::System => "across NUMA nodes",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLink {
+    pub peer: String,
+    pub link: Link,
 }
 
 impl GpuDevice {
-    /// The devices declared in `[[gpus.device]]`, indexed in the order written.
-    pub fn declared(cfg: &crate::config::GpusConfig) -> Vec<GpuDevice> {
+    /// A whole device with nothing known beyond its size.
+    pub fn new(index: u32, uuid: impl Into<String>, name: impl Into<String>, total: u64) -> Self {
+        GpuDevice {
+            index,
+            uuid: uuid.into(),
+            name: name.into(),
+            memory_total: total,
+            topology: None,
+            mig: None,
+            links: Vec::new(),
+            fault: None,
+            metered: false,
+        }
+    }
+
+    /// The devices declared in `[[gpus.device]]`, indexed in the order written. A UUID that
+    /// starts with `MIG-` is a MIG instance (of a parent nobody declared).
+    pub fn declared(cfg: &GpusConfig) -> Vec<GpuDevice> {
         cfg.devices
             .iter()
             .enumerate()
-            .map(|(i, d)| GpuDevice {
-                index: i as u32,
-                uuid: d.uuid.clone(),
-                name: d.name.clone(),
-                memory_total: d.memory,
-                memory_foreign: 0,
-                topology: None,
+            .map(|(i, d)| {
+                let mut g = GpuDevice::new(i as u32, d.uuid.clone(), d.name.clone(), d.memory);
+                if d.uuid.starts_with("MIG-") {
+                    g.mig = Some(MigSlice {
+                        parent: String::new(),
+                        gpu_instance: u32::MAX,
+                    });
+                }
+                g
             })
             .collect()
+    }
+
+    pub fn link_to(&self, peer: &str) -> Option<Link> {
+        self.links.iter().find(|l| l.peer == peer).map(|l| l.link)
     }
 }
 
@@ -44,25 +129,69 @@ pub struct GpuSlot {
     pub reserved: u64,
     /// Taken whole by a replica that declared no `gpu_memory`.
     pub exclusive: bool,
+    /// False after a fault (an XID or a recovery action that needs a reset or a reboot), until
+    /// `hearth uncordon`.
     pub healthy: bool,
     pub cordoned: bool,
     /// Replicas move off: unhealthy, or cordoned with `evacuate`.
     pub evacuate: bool,
+    /// The recovery action asks to drain peer-to-peer traffic: multi-GPU replicas move off and
+    /// none come, until the action reads otherwise.
+    pub p2p_drain: bool,
     pub note: String,
     /// Memory in use on the device by every process, as NVML last said.
     pub memory_used: Option<u64>,
+    /// The part of `memory_used` no replica of hearth's accounts for.
+    pub memory_foreign: u64,
+    /// Memory the driver and firmware set aside; never available to anyone.
+    pub driver_reserved: u64,
+    /// The device's recovery action as last read (None: never read, or not readable).
+    pub recovery: Option<RecoveryAction>,
     pub replicas: Vec<ReplicaId>,
+    /// Gone from the inventory while holding replicas: kept until they have moved off.
+    pub gone: bool,
 }
 
+/// The fault of a device the inventory no longer reports.
+pub const GONE: &str = "no longer reported by the inventory";
+
 impl GpuSlot {
-    fn free(&self) -> u64 {
+    fn new(device: GpuDevice) -> GpuSlot {
+        GpuSlot {
+            device,
+            reserved: 0,
+            exclusive: false,
+            healthy: true,
+            cordoned: false,
+            evacuate: false,
+            p2p_drain: false,
+            note: String::new(),
+            memory_used: None,
+            memory_foreign: 0,
+            driver_reserved: 0,
+            recovery: None,
+            replicas: Vec::new(),
+            gone: false,
+        }
+    }
+
+    /// What a new reservation may take: the total, less the driver's share, less what others
+    /// use, less what hearth has reserved.
+    pub(super) fn free(&self) -> u64 {
         self.device
             .memory_total
-            .saturating_sub(self.device.memory_foreign)
+            .saturating_sub(self.driver_reserved)
+            .saturating_sub(self.memory_foreign)
             .saturating_sub(self.reserved)
     }
-    fn accepts(&self) -> bool {
-        self.healthy && !self.cordoned && !self.exclusive
+
+    /// Healthy, uncordoned, not taken whole, and not faulted.
+    pub(super) fn accepts(&self) -> bool {
+        self.healthy && !self.cordoned && !self.exclusive && self.device.fault.is_none()
+    }
+
+    pub(super) fn is_mig(&self) -> bool {
+        self.device.mig.is_some()
     }
 }
 
@@ -71,11 +200,16 @@ pub struct GpuTable {
     pub slots: Vec<GpuSlot>,
 }
 
-/// Where a replica goes: device indices into the table and the bytes reserved on each.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Placed {
-    pub devices: Vec<usize>,
-    pub bytes: u64,
+/// What changed in the device list at an inventory reading, for the log.
+#[derive(Debug, Default, PartialEq)]
+pub struct InventoryChange {
+    pub appeared: Vec<String>,
+    /// Gone from the reading while holding replicas: kept, faulted, until they have moved off.
+    pub vanished: Vec<String>,
+    /// Gone from the reading with nothing on them: dropped.
+    pub dropped: Vec<String>,
+    /// Faulted by this reading (newly): (uuid, why).
+    pub faulted: Vec<(String, String)>,
 }
 
 impl GpuTable {
@@ -85,149 +219,89 @@ impl GpuTable {
         t
     }
 
-    /// Takes a new inventory reading; reservations, health and cordons stay with their UUID.
-    pub fn update(&mut self, devices: Vec<GpuDevice>) {
+    /// Takes a new inventory reading. Reservations, readings, health and cordons stay with
+    /// their UUID, whatever order the devices come in. A device that vanished while holding
+    /// replicas stays, faulted, so that its reservations are not lost and its replicas move off.
+    pub fn update(&mut self, devices: Vec<GpuDevice>) -> InventoryChange {
+        let mut change = InventoryChange::default();
         let mut slots = Vec::with_capacity(devices.len());
         for d in devices {
-            match self.slots.iter().find(|s| s.device.uuid == d.uuid) {
-                Some(known) => {
-                    let mut s = known.clone();
+            // A list with one UUID twice is the inventory's mistake: the first stands.
+            if slots.iter().any(|s: &GpuSlot| s.device.uuid == d.uuid) {
+                continue;
+            }
+            let known = self.slots.iter().find(|s| s.device.uuid == d.uuid);
+            let newly_faulted = d.fault.is_some()
+                && known.is_none_or(|k| k.device.fault.as_deref() != d.fault.as_deref());
+            if let (true, Some(why)) = (newly_faulted, &d.fault) {
+                change.faulted.push((d.uuid.clone(), why.clone()));
+            }
+            match known {
+                Some(k) => {
+                    let mut s = k.clone();
                     s.device = d;
+                    s.gone = false;
                     slots.push(s);
                 }
-                None => slots.push(GpuSlot {
-                    device: d,
-                    reserved: 0,
-                    exclusive: false,
-                    healthy: true,
-                    cordoned: false,
-                    evacuate: false,
-                    note: String::new(),
-                    memory_used: None,
-                    replicas: Vec::new(),
-                }),
+                None => {
+                    change.appeared.push(d.uuid.clone());
+                    slots.push(GpuSlot::new(d));
+                }
             }
         }
-        // A device that vanished while holding replicas stays, so its reservations are not lost.
         for s in &self.slots {
-            if !s.replicas.is_empty() && !slots.iter().any(|n| n.device.uuid == s.device.uuid) {
-                let mut gone = s.clone();
-                gone.healthy = false;
-                gone.evacuate = true;
-                gone.note = "no longer reported by the inventory".into();
-                slots.push(gone);
+            if slots.iter().any(|n| n.device.uuid == s.device.uuid) {
+                continue;
             }
+            if s.replicas.is_empty() {
+                change.dropped.push(s.device.uuid.clone());
+                continue;
+            }
+            let mut gone = s.clone();
+            if !gone.gone {
+                change.vanished.push(gone.device.uuid.clone());
+            }
+            gone.gone = true;
+            gone.device.fault = Some(GONE.to_string());
+            gone.device.metered = false;
+            slots.push(gone);
         }
         self.slots = slots;
+        change
     }
 
-    /// Chooses `count` devices with `bytes` free each (None: whole, unshared devices).
-    /// `pack` fills the fullest device that fits, `spread` the emptiest.
-    pub fn place(
-        &self,
-        count: u32,
-        bytes: Option<u64>,
-        placement: Placement,
-    ) -> Result<Placed, String> {
-        if count == 0 {
-            return Ok(Placed {
-                devices: Vec::new(),
-                bytes: 0,
-            });
-        }
-        let mut fits: Vec<(usize, u64)> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.accepts())
-            .filter(|(_, s)| match bytes {
-                Some(b) => s.free() >= b,
-                None => s.replicas.is_empty() && s.reserved == 0,
-            })
-            .map(|(i, s)| (i, s.free()))
-            .collect();
-        if fits.len() < count as usize {
-            let usable = self.slots.iter().filter(|s| s.accepts()).count();
-            let need = match bytes {
-                Some(b) => format!("{} free", crate::units::short_bytes(b)),
-                None => "a whole device".to_string(),
-            };
-            return Err(format!(
-                "needs {count} GPU(s) with {need}; {} of {} device(s) fit ({} healthy and uncordoned)",
-                fits.len(),
-                self.slots.len(),
-                usable
-            ));
-        }
-        match placement {
-            Placement::Pack => fits.sort_by_key(|&(i, free)| (free, i)),
-            Placement::Spread => fits.sort_by_key(|&(i, free)| (std::cmp::Reverse(free), i)),
-        }
-        let devices = self.choose(&fits, count as usize);
-        let bytes = match bytes {
-            Some(b) => b,
-            None => devices
-                .iter()
-                .filter_map(|&i| self.slots.get(i))
-                .map(GpuSlot::free)
-                .min()
-                .unwrap_or(0),
-        };
-        Ok(Placed { devices, bytes })
+    pub fn slot(&self, uuid: &str) -> Option<&GpuSlot> {
+        self.slots.iter().find(|s| s.device.uuid == uuid)
     }
 
-    /// The first `count` devices in preference order, from one topology group (NUMA node or
-    /// PCIe root) when some group holds enough; across groups otherwise.
-    fn choose(&self, ordered: &[(usize, u64)], count: usize) -> Vec<usize> {
-        if count > 1 {
-            let mut groups: Vec<&str> = Vec::new();
-            for &(i, _) in ordered {
-                if let Some(t) = self.topology(i) {
-                    if !groups.contains(&t) {
-                        groups.push(t);
-                    }
-                }
-            }
-            for g in groups {
-                let same: Vec<usize> = ordered
-                    .iter()
-                    .filter(|&&(i, _)| self.topology(i) == Some(g))
-                    .map(|&(i, _)| i)
-                    .take(count)
-                    .collect();
-                if same.len() == count {
-                    return same;
-                }
-            }
-        }
-        ordered.iter().take(count).map(|&(i, _)| i).collect()
+    pub fn slot_by_uuid_mut(&mut self, uuid: &str) -> Option<&mut GpuSlot> {
+        self.slots.iter_mut().find(|s| s.device.uuid == uuid)
     }
 
-    fn topology(&self, i: usize) -> Option<&str> {
-        self.slots.get(i)?.device.topology.as_deref()
+    /// Any of these devices is being left: unhealthy, cordoned to evacuate, faulted or gone;
+    /// or, for a replica on several devices, draining its peer-to-peer traffic.
+    pub fn leaving(&self, devices: &[String]) -> bool {
+        let multi = devices.len() > 1;
+        devices.iter().any(|u| match self.slot(u) {
+            Some(s) => s.evacuate || s.device.fault.is_some() || (multi && s.p2p_drain),
+            None => true,
+        })
     }
 
-    /// Any of these devices is being left (unhealthy, or cordoned to evacuate).
-    pub fn leaving(&self, devices: &[usize]) -> bool {
-        devices
-            .iter()
-            .any(|&i| self.slots.get(i).is_some_and(|s| s.evacuate))
-    }
-
-    pub fn reserve(&mut self, replica: &ReplicaId, placed: &Placed, exclusive: bool) {
-        for &i in &placed.devices {
-            let Some(s) = self.slots.get_mut(i) else {
+    pub fn reserve(&mut self, replica: &ReplicaId, devices: &[String], bytes: u64, whole: bool) {
+        for u in devices {
+            let Some(s) = self.slot_by_uuid_mut(u) else {
                 continue;
             };
-            s.reserved += placed.bytes;
-            s.exclusive |= exclusive;
+            s.reserved = s.reserved.saturating_add(bytes);
+            s.exclusive |= whole;
             s.replicas.push(replica.clone());
         }
     }
 
-    pub fn release(&mut self, replica: &ReplicaId, devices: &[usize], bytes: u64) {
-        for &i in devices {
-            if let Some(s) = self.slots.get_mut(i) {
+    pub fn release(&mut self, replica: &ReplicaId, devices: &[String], bytes: u64) {
+        for u in devices {
+            if let Some(s) = self.slot_by_uuid_mut(u) {
                 s.reserved = s.reserved.saturating_sub(bytes);
                 s.replicas.retain(|r| r != replica);
                 if s.replicas.is_empty() {
@@ -236,13 +310,27 @@ impl GpuTable {
                 }
             }
         }
+        // A device that vanished goes once nothing holds it any more.
+        self.slots.retain(|s| !(s.gone && s.replicas.is_empty()));
     }
 
-    pub fn uuids(&self, devices: &[usize]) -> Vec<String> {
+    /// `bytes` no larger than the smallest of these devices: a reservation read from disk
+    /// never overflows a slot's books.
+    pub fn bounded_bytes(&self, devices: &[String], bytes: u64) -> u64 {
         devices
             .iter()
-            .filter_map(|&i| self.slots.get(i))
-            .map(|s| s.device.uuid.clone())
+            .filter_map(|u| self.slot(u))
+            .map(|s| s.device.memory_total)
+            .min()
+            .map_or(0, |m| bytes.min(m))
+    }
+
+    /// NVML indices of these devices (for `device_naming = "index"`).
+    pub fn indices(&self, devices: &[String]) -> Vec<u32> {
+        devices
+            .iter()
+            .filter_map(|u| self.slot(u))
+            .map(|s| s.device.index)
             .collect()
     }
 
@@ -252,14 +340,17 @@ impl GpuTable {
         self.slots.get_mut(i)
     }
 
-    /// A device by UUID or index, as operators type it.
+    /// A device by UUID, or a whole device by index, as operators type it (MIG instances share
+    /// their parent's index and are named by UUID only).
     pub fn find(&self, key: &str) -> Option<usize> {
         self.slots
             .iter()
             .position(|s| s.device.uuid == key)
             .or_else(|| {
                 let index: u32 = key.parse().ok()?;
-                self.slots.iter().position(|s| s.device.index == index)
+                self.slots
+                    .iter()
+                    .position(|s| s.device.index == index && !s.is_mig())
             })
     }
 
@@ -272,119 +363,33 @@ impl GpuTable {
                 name: s.device.name.clone(),
                 memory_total: s.device.memory_total,
                 memory_reserved: s.reserved,
-                healthy: s.healthy,
+                healthy: s.healthy && s.device.fault.is_none(),
                 cordoned: s.cordoned,
                 replicas: s.replicas.iter().map(|r| r.0.clone()).collect(),
                 memory_used: s.memory_used,
-                memory_foreign: s.memory_used.map(|_| s.device.memory_foreign),
-                note: (!s.note.is_empty()).then(|| s.note.clone()),
+                memory_foreign: s.memory_used.map(|_| s.memory_foreign),
+                note: match (&s.device.fault, s.note.is_empty()) {
+                    (Some(f), true) => Some(f.clone()),
+                    (Some(f), false) => Some(format!("{f}; {}", s.note)),
+                    (None, false) => Some(s.note.clone()),
+                    (None, true) => None,
+                },
                 topology: s.device.topology.clone(),
+                memory_driver_reserved: s.memory_used.map(|_| s.driver_reserved),
+                mig_parent: s
+                    .device
+                    .mig
+                    .as_ref()
+                    .map(|m| m.parent.clone())
+                    .filter(|p| !p.is_empty()),
+                nvlink: s
+                    .device
+                    .links
+                    .iter()
+                    .filter(|l| l.link == Link::NvLink)
+                    .map(|l| l.peer.clone())
+                    .collect(),
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GIB: u64 = 1 << 30;
-
-    fn dev(i: u32, total_gib: u64) -> GpuDevice {
-        GpuDevice {
-            index: i,
-            uuid: format!("GPU-{i}"),
-            name: "fake".into(),
-            memory_total: total_gib * GIB,
-            memory_foreign: 0,
-            topology: None,
-        }
-    }
-
-    #[test]
-    fn pack_fills_the_fullest_device_and_spread_the_emptiest() {
-        let mut t = GpuTable::new(vec![dev(0, 80), dev(1, 80)]);
-        let a = ReplicaId("a-1".into());
-        let p = t.place(1, Some(30 * GIB), Placement::Pack).unwrap();
-        t.reserve(&a, &p, false);
-        assert_eq!(p.devices, vec![0]);
-        // pack: device 0 has 50 GiB free, device 1 has 80: the fuller one that fits.
-        assert_eq!(
-            t.place(1, Some(30 * GIB), Placement::Pack).unwrap().devices,
-            vec![0]
-        );
-        assert_eq!(
-            t.place(1, Some(30 * GIB), Placement::Spread)
-                .unwrap()
-                .devices,
-            vec![1]
-        );
-        // 60 GiB only fits on device 1.
-        assert_eq!(
-            t.place(1, Some(60 * GIB), Placement::Pack).unwrap().devices,
-            vec![1]
-        );
-        t.release(&a, &p.devices, p.bytes);
-        assert_eq!(t.slots[0].reserved, 0);
-    }
-
-    #[test]
-    fn whole_device_replicas_take_empty_devices_only_and_exclusively() {
-        let mut t = GpuTable::new(vec![dev(0, 80), dev(1, 80)]);
-        let a = ReplicaId("a-1".into());
-        let p = t.place(1, Some(GIB), Placement::Pack).unwrap();
-        t.reserve(&a, &p, false);
-        let whole = t.place(1, None, Placement::Pack).unwrap();
-        assert_eq!(whole.devices, vec![1]);
-        t.reserve(&ReplicaId("b-1".into()), &whole, true);
-        assert!(t.place(1, Some(GIB), Placement::Spread).unwrap().devices == vec![0]);
-        assert!(t.place(2, Some(GIB), Placement::Spread).is_err());
-    }
-
-    #[test]
-    fn multi_gpu_is_all_or_nothing_and_foreign_memory_counts() {
-        let mut devices = vec![dev(0, 80), dev(1, 80), dev(2, 80)];
-        devices[2].memory_foreign = 70 * GIB;
-        let t = GpuTable::new(devices);
-        let p = t.place(2, Some(40 * GIB), Placement::Pack).unwrap();
-        assert_eq!(p.devices.len(), 2);
-        assert!(!p.devices.contains(&2));
-        let err = t.place(3, Some(40 * GIB), Placement::Pack).unwrap_err();
-        assert!(err.contains("needs 3 GPU(s)"), "{err}");
-    }
-
-    #[test]
-    fn multi_gpu_prefers_devices_of_one_numa_node() {
-        let mut devices: Vec<GpuDevice> = (0..4).map(|i| dev(i, 80)).collect();
-        for (i, d) in devices.iter_mut().enumerate() {
-            d.topology = Some(format!("numa{}", i % 2));
-        }
-        let t = GpuTable::new(devices);
-        let p = t.place(2, Some(GIB), Placement::Pack).unwrap();
-        let groups: Vec<_> = p
-            .devices
-            .iter()
-            .map(|&i| t.slots[i].device.topology.clone())
-            .collect();
-        assert_eq!(groups[0], groups[1], "{p:?}");
-        // No group holds 3: placement still succeeds across groups.
-        assert_eq!(
-            t.place(3, Some(GIB), Placement::Pack)
-                .unwrap()
-                .devices
-                .len(),
-            3
-        );
-    }
-
-    #[test]
-    fn cordoned_and_unhealthy_devices_take_nothing() {
-        let mut t = GpuTable::new(vec![dev(0, 80), dev(1, 80)]);
-        t.slots[0].cordoned = true;
-        t.slots[1].healthy = false;
-        assert!(t.place(1, Some(GIB), Placement::Pack).is_err());
-        assert_eq!(t.find("GPU-1"), Some(1));
-        assert_eq!(t.find("0"), Some(0));
-        assert_eq!(t.find("7"), None);
     }
 }

@@ -8,15 +8,41 @@ use super::*;
 use crate::protocol::Health;
 use crate::protocol::Request;
 
-fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
+pub(crate) fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
     model(name, extra, scaling).replace("gpus = 0", &format!("gpus = 1\ngpu_memory = \"{mem}\""))
 }
 
-fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
-    let i = h.node.gpus.find(uuid).unwrap();
-    let mut v = h.node.gpus.slots[i].replicas.clone();
+pub(crate) fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
+    let mut v = h.node.gpus.slot(uuid).unwrap().replicas.clone();
     v.sort();
     v
+}
+
+pub(crate) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Event {
+    Event::GpuXid {
+        uuid: uuid.into(),
+        xid,
+        recovery,
+    }
+}
+
+/// A reading of `uuid`: `used` bytes, with (pid, bytes, leaders) processes.
+pub(crate) fn reading(uuid: &str, used: u64, processes: &[(u32, Option<u64>, &[u32])]) -> Event {
+    Event::GpuReading(GpuReading {
+        uuid: uuid.into(),
+        used,
+        driver_reserved: 0,
+        processes: processes
+            .iter()
+            .map(|&(pid, bytes, leaders)| GpuProcess {
+                pid,
+                bytes,
+                replica: None,
+                leaders: leaders.to_vec(),
+            })
+            .collect(),
+        recovery: None,
+    })
 }
 
 fn routed_total(h: &Harness, m: &str) -> usize {
@@ -26,12 +52,17 @@ fn routed_total(h: &Harness, m: &str) -> usize {
 fn evacuation_keeps_min_routed(trigger: impl FnOnce(&mut Harness) -> Vec<Action>) {
     let toml = format!(
         "{BASE}{}",
-        gpu_model("m", "30GiB", "", "min = 2\nmax = 4\nwarm_pool = 0")
+        gpu_model(
+            "m",
+            "30GiB",
+            "start_alone = false",
+            "min = 2\nmax = 4\nwarm_pool = 0"
+        )
     );
     let mut h = Harness::new(&toml);
     let first = h.log.clone();
     h.settle(first);
-    // pack: both on the first device.
+    // pack: both on the first device (started together: start_alone is off).
     assert_eq!(on_device(&h, "GPU-a").len(), 2);
     let old = h.in_state("m", ReplicaState::Routed);
     let out = trigger(&mut h);
@@ -54,18 +85,19 @@ fn evacuation_keeps_min_routed(trigger: impl FnOnce(&mut Harness) -> Vec<Action>
     assert_eq!(draining, old);
     assert_eq!(h.in_state("m", ReplicaState::Routed), new);
     // Nothing new goes to the device.
-    let i = h.node.gpus.find("GPU-a").unwrap();
-    assert!(!h.node.gpus.slots[i].healthy || h.node.gpus.slots[i].cordoned);
+    let a = h.node.gpus.slot("GPU-a").unwrap();
+    assert!(!a.healthy || a.cordoned);
 }
 
 #[test]
 fn a_critical_xid_evacuates_a_device_with_routed_capacity_never_below_min() {
-    evacuation_keeps_min_routed(|h| {
-        h.send(Event::GpuXid {
-            uuid: "GPU-a".into(),
-            xid: 79,
-        })
-    });
+    evacuation_keeps_min_routed(|h| h.send(xid("GPU-a", 79, None)));
+}
+
+#[test]
+fn a_recovery_action_that_needs_a_reset_evacuates_the_same_way() {
+    // XID 94 is contained to the faulting application, unless the driver says otherwise.
+    evacuation_keeps_min_routed(|h| h.send(xid("GPU-a", 94, Some(RecoveryAction::GpuReset))));
 }
 
 #[test]
@@ -87,16 +119,25 @@ fn cordon_with_evacuate_moves_replicas_the_same_way() {
 
 #[test]
 fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() {
-    let toml = format!("{BASE}{}", gpu_model("m", "30GiB", "", "min = 2\nmax = 4"));
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model("m", "30GiB", "start_alone = false", "min = 2\nmax = 4")
+    );
     let mut h = Harness::new(&toml);
     let first = h.log.clone();
     h.settle(first);
-    let out = h.send(Event::GpuXid {
-        uuid: "GPU-a".into(),
-        xid: 13,
-    });
-    assert_eq!(spawns(&out), 0);
-    assert!(h.node.gpus.slots[0].healthy);
+    // Application errors, contained ECC, row remapping, a rate warning: none is the device's.
+    for (x, r) in [
+        (13, None),
+        (94, Some(RecoveryAction::None)),
+        (63, None),
+        (92, None),
+        (48, Some(RecoveryAction::None)),
+    ] {
+        let out = h.send(xid("GPU-a", x, r));
+        assert_eq!(spawns(&out), 0, "XID {x}");
+        assert!(h.node.gpus.slots[0].healthy, "XID {x}");
+    }
     let r = h.request(
         Peer::trusted(),
         Request::Cordon {
@@ -128,6 +169,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             min: Some(3),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);
@@ -136,7 +178,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             .iter()
             .map(|id| h.node.replicas[id].gpus.clone())
             .collect::<Vec<_>>(),
-        vec![vec![1]]
+        vec![vec!["GPU-b".to_string()]]
     );
 }
 
@@ -146,10 +188,7 @@ fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
     let mut h = Harness::new(&toml);
     let first = h.log.clone();
     h.settle(first);
-    h.send(Event::GpuXid {
-        uuid: "GPU-b".into(),
-        xid: 48,
-    });
+    h.send(xid("GPU-b", 48, None));
     h.run_for(Duration::from_secs(600));
     assert!(!h.node.gpus.slots[1].healthy);
     let r = h.request(
@@ -182,7 +221,7 @@ fn a_higher_priority_model_reclaims_a_lower_priority_warm_replica_on_a_full_devi
     let low = gpu_model(
         "low",
         "40GiB",
-        "priority = 0",
+        "priority = 0\nstart_alone = false",
         "min = 1\nmax = 2\nwarm_pool = 1",
     );
     let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
@@ -226,7 +265,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     let low = gpu_model(
         "low",
         "40GiB",
-        "priority = 0",
+        "priority = 0\nstart_alone = false",
         "min = 1\nmax = 2\nwarm_pool = 0",
     );
     let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
@@ -239,6 +278,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
             min: None,
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     // Push low to 2 routed (above its min of 1).
@@ -282,21 +322,28 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     let first = h.log.clone();
     h.settle(first);
     let r = h.in_state("m", ReplicaState::Routed)[0].clone();
-    let pgid = h.pid(&r);
+    let leader = h.pid(&r);
     const GIB: u64 = 1 << 30;
-    // 75 GiB used: 35 by our replica (over its 30), 40 by someone else.
-    let out = h.send(Event::GpuMemory {
-        uuid: "GPU-a".into(),
-        used: 75 * GIB,
-        by_group: vec![(pgid, 35 * GIB), (99999, 40 * GIB)],
-    });
+    // 75 GiB used: 35 by our replica's worker (over its 30), 40 by someone else.
+    let worker: &[u32] = &[4242, 4242, leader];
+    let out = h.send(reading(
+        "GPU-a",
+        75 * GIB,
+        &[
+            (4242, Some(35 * GIB), worker),
+            (99999, Some(40 * GIB), &[99999]),
+        ],
+    ));
     let warned = out.iter().any(|a| matches!(a, Action::Log { level: LogLevel::Warn, message, .. } if message.contains("35.0GiB") && message.contains("30.0GiB")));
     assert!(warned, "{out:?}");
-    let again = h.send(Event::GpuMemory {
-        uuid: "GPU-a".into(),
-        used: 75 * GIB,
-        by_group: vec![(pgid, 35 * GIB), (99999, 40 * GIB)],
-    });
+    let again = h.send(reading(
+        "GPU-a",
+        75 * GIB,
+        &[
+            (4242, Some(35 * GIB), worker),
+            (99999, Some(40 * GIB), &[99999]),
+        ],
+    ));
     assert!(
         !again.iter().any(|a| matches!(
             a,
@@ -307,7 +354,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
         )),
         "once per episode"
     );
-    assert_eq!(h.node.gpus.slots[0].device.memory_foreign, 40 * GIB);
+    assert_eq!(h.node.gpus.slots[0].memory_foreign, 40 * GIB);
     // 80 − 40 foreign − 30 reserved = 10 GiB: a second 30 GiB replica does not fit.
     let r = h.request(
         Peer::trusted(),
@@ -316,17 +363,18 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
             min: Some(2),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(r["ok"], true);
     let st = h.node.status(Some("m"), h.now);
     assert_eq!(st.models[0].health, Health::NoCapacity);
     // The other process leaves: the room is there again.
-    let out = h.send(Event::GpuMemory {
-        uuid: "GPU-a".into(),
-        used: 30 * GIB,
-        by_group: vec![(pgid, 30 * GIB)],
-    });
+    let out = h.send(reading(
+        "GPU-a",
+        30 * GIB,
+        &[(leader, Some(30 * GIB), &[leader])],
+    ));
     let out2 = h.send(Event::Tick);
     assert_eq!(spawns(&out) + spawns(&out2), 1);
 }
@@ -412,4 +460,107 @@ fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_
         missing: vec![],
     });
     assert_eq!(spawns(&out), 0);
+}
+
+#[test]
+fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() {
+    const GIB: u64 = 1 << 30;
+    // An 80 GiB card and 38 GiB replicas: two fit only if the first one's bytes count once.
+    let toml = format!(
+        "{ONE_DEVICE}{}",
+        gpu_model("m", "38GiB", "", "min = 1\nmax = 2\nwarm_pool = 0")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    h.settle(first);
+    let r = h.in_state("m", ReplicaState::Routed)[0].clone();
+    let leader = h.pid(&r);
+    // The driver says "Unavailable" for the replica's process (a MIG parent without
+    // privilege): 37 GiB are in use, the replica's own, plus 1 GiB someone else holds.
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
+    ));
+    assert_eq!(
+        h.node.gpus.slots[0].memory_foreign, GIB,
+        "only the other process's"
+    );
+    // Across PID namespaces the replica's processes cannot be seen at all: the same.
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(424242, None, &[]), (99999, Some(GIB), &[99999])],
+    ));
+    assert_eq!(h.node.gpus.slots[0].memory_foreign, GIB);
+    // Never more than the replica reserved: the rest of an unknowable 60 GiB is foreign.
+    h.send(reading("GPU-a", 60 * GIB, &[(424242, None, &[])]));
+    assert_eq!(h.node.gpus.slots[0].memory_foreign, 22 * GIB);
+    // Back to 38 GiB used: a second 38 GiB replica fits (80 − 38 reserved − 1 foreign).
+    h.send(reading(
+        "GPU-a",
+        38 * GIB,
+        &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
+    ));
+    let before = h.log.len();
+    let r = h.request(
+        Peer::trusted(),
+        Request::Scale {
+            model: "m".into(),
+            min: Some(2),
+            max: None,
+            warm_pool: None,
+            reset: false,
+        },
+    );
+    assert_eq!(r["ok"], true);
+    h.send(Event::Tick);
+    let after = h.log.get(before..).unwrap_or_default().to_vec();
+    assert_eq!(spawns(&after), 1, "the second replica fits: {after:?}");
+}
+
+#[test]
+fn one_replica_starts_on_a_device_at_a_time_and_pack_waits_for_it() {
+    // start_alone (the default): vLLM profiles the whole device's free memory at start, so a
+    // second start beside the first would size its cache on memory the first is still taking.
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model("m", "30GiB", "", "min = 2\nmax = 2\nwarm_pool = 0")
+    );
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    assert_eq!(spawns(&first), 1, "one start at a time");
+    let ids = h.spawn_all(&first);
+    let waiting = h.in_state("m", ReplicaState::Pending);
+    assert_eq!(waiting.len(), 1);
+    let st = h.node.status(Some("m"), h.now);
+    let reason = st.models[0]
+        .replicas
+        .iter()
+        .find(|r| r.id == waiting[0].0)
+        .map(|r| r.reason.clone())
+        .unwrap_or_default();
+    assert!(reason.contains("start_alone"), "{reason}");
+    // Pack: the second waits for GPU-a rather than starting on the empty GPU-b.
+    h.advance(Duration::from_secs(5));
+    assert_eq!(h.in_state("m", ReplicaState::Pending).len(), 1);
+    let out = h.warm(&ids[0]);
+    assert_eq!(spawns(&out), 1, "{out:?}");
+    let second = h.spawn_all(&out);
+    assert_eq!(on_device(&h, "GPU-a").len(), 2);
+    assert!(on_device(&h, "GPU-b").is_empty());
+    drop(second);
+
+    // Off: both start at once.
+    let toml = format!(
+        "{BASE}{}",
+        gpu_model(
+            "m",
+            "30GiB",
+            "start_alone = false",
+            "min = 2\nmax = 2\nwarm_pool = 0"
+        )
+    );
+    let h = Harness::new(&toml);
+    assert_eq!(spawns(&h.log), 2);
 }

@@ -2,8 +2,8 @@
 //! Nothing here performs I/O, reads a clock or spawns anything; time comes in with each event.
 //! The daemon and the simulator drive the same `Node`.
 //!
-//! A panic here would end the daemon, and every replica with it (PDEATHSIG): the core is
-//! panic-free by construction — no `unwrap`/`expect`, no `[]` on maps or slices; absent entries
+//! A panic here would end the daemon's run (it re-executes and adopts its replicas, each
+//! after a warm-up): the core is panic-free by construction — no `unwrap`/`expect`, no `[]` on maps or slices; absent entries
 //! are `let … else` and `get`/`get_mut`.
 #![deny(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
 #![cfg_attr(
@@ -11,15 +11,25 @@
     allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)
 )]
 
+mod adopt;
+#[cfg(test)]
+mod adopt_tests;
 mod capacity;
 mod event;
+mod front_door;
+#[cfg(test)]
+mod front_door_tests;
 mod gpu;
 #[cfg(test)]
-mod gpu_tests;
+pub(crate) mod gpu_tests;
+#[cfg(test)]
+mod harden_tests;
 mod health;
 mod lifecycle;
 mod model;
 mod node;
+mod overrides;
+mod placement;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
@@ -29,6 +39,8 @@ mod probes;
 mod processes;
 #[cfg(test)]
 mod processes_tests;
+#[cfg(test)]
+mod prop_tests;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -38,18 +50,24 @@ mod replica;
 mod requests;
 mod scrape;
 mod signal;
+mod starts;
 pub mod status;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+pub mod xid;
 
+pub use adopt::{Adoption, Ledger, ModelRecord, ReplicaRecord};
 pub use event::{
-    Action, Event, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome, ProbeSpec, QueueTime,
-    Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal, Usage,
+    Action, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome,
+    ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
+    Usage,
 };
-pub use gpu::GpuDevice;
+pub use gpu::{GpuDevice, Link, MigSlice, PeerLink};
 pub use model::Overrides;
 pub use node::Node;
+pub use overrides::check as check_overrides;
 pub use replica::{ReplicaId, ReplicaState};
+pub use xid::RecoveryAction;
 
 use std::ops::{Add, Sub};
 use std::time::Duration;
@@ -82,8 +100,10 @@ impl Time {
 
 impl Add<Duration> for Time {
     type Output = Time;
+    /// Saturating: a duration from the configuration (any a TOML number can say) added to now
+    /// is "never", not a panic.
     fn add(self, d: Duration) -> Time {
-        Time(self.0 + d)
+        Time(self.0.saturating_add(d))
     }
 }
 

@@ -35,16 +35,27 @@ pub struct Node {
     pub(super) version: String,
     /// Events handled so far: tells what happened in this event from what happened before.
     pub(super) events: u64,
+    /// When the node was made: start-up placement waits for the first memory readings until
+    /// `FIRST_READING` after it.
+    pub(super) started: Time,
+    /// Placement went ahead without a device's first memory reading (logged once).
+    pub(super) unread_warned: bool,
 }
 
 impl Node {
     /// A node for `config`, with the GPUs the inventory found and the saved scale overrides.
+    /// The shell checks the overrides first (`check_overrides`) and says what it set aside;
+    /// overrides that fail the check anyway are not used.
     pub fn new(
         config: Config,
         devices: Vec<GpuDevice>,
         overrides: BTreeMap<String, Overrides>,
         now: Time,
     ) -> Node {
+        let overrides = match super::overrides::check(&config, &overrides) {
+            Ok(()) => overrides,
+            Err(_) => BTreeMap::new(),
+        };
         let models = config
             .models
             .iter()
@@ -65,6 +76,8 @@ impl Node {
             published: BTreeMap::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             events: 0,
+            started: now,
+            unread_warned: false,
         }
     }
 
@@ -92,13 +105,13 @@ impl Node {
             Event::Request { id, peer, request } => self.request(id, &peer, request, now, &mut out),
             Event::ReloadSignal => self.reload_asked(None, &mut out),
             Event::ConfigRead(read) => self.config_read(read, now, &mut out),
-            Event::Inventory(devices) => self.gpus.update(devices),
-            Event::GpuXid { uuid, xid } => self.xid(&uuid, xid, now, &mut out),
-            Event::GpuMemory {
+            Event::Inventory(devices) => self.inventory(devices, &mut out),
+            Event::GpuXid {
                 uuid,
-                used,
-                by_group,
-            } => self.gpu_memory(&uuid, used, &by_group, &mut out),
+                xid,
+                recovery,
+            } => self.xid(&uuid, xid, recovery, now, &mut out),
+            Event::GpuReading(reading) => self.gpu_reading(reading, &mut out),
             Event::Prefetch {
                 replica,
                 done_bytes,
@@ -111,6 +124,7 @@ impl Node {
                 holder,
             } => self.port_busy(&replica, port, &holder, now, &mut out),
             Event::Usage(samples) => self.usage(samples),
+            Event::Adopt { how, ledger } => self.adopt(how, ledger, now, &mut out),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);
@@ -207,6 +221,8 @@ impl Node {
     // ---- routed set --------------------------------------------------------------------------
 
     pub(super) fn routed_endpoints(&self, model: &str) -> Vec<Endpoint> {
+        // Live: the configuration now, whatever spec the replica was launched from.
+        let slots = self.models.get(model).map_or(1, |m| m.config.slots);
         self.replicas
             .values()
             .filter(|r| r.model == model && r.state == ReplicaState::Routed)
@@ -214,6 +230,7 @@ impl Node {
                 Some(Endpoint {
                     replica: r.id.0.clone(),
                     addr: r.addr()?,
+                    slots: Some(slots),
                 })
             })
             .collect()

@@ -48,6 +48,7 @@ fn wide(
         in_flight: Some(in_flight),
         arrived: Some(arrived),
         completed: Some(completed),
+        router: None,
     };
     let resp = h.request(Peer::trusted(), Request::Report(r));
     assert_eq!(resp["ok"], true, "{resp}");
@@ -148,6 +149,7 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
                 in_flight: Some(13),
                 arrived: Some(1000 * i as u64 + 20 * s),
                 completed: Some(1000 * i as u64 + 4 * s),
+                router: None,
             };
             h.request(Peer::trusted(), Request::Report(r));
         }
@@ -171,6 +173,7 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
             in_flight: Some(13),
             arrived: Some(1000 * i as u64 + 20 * 4),
             completed: Some(1000 * i as u64 + 4 * 4),
+            router: None,
         };
         h.request(Peer::trusted(), Request::Report(r));
     }
@@ -402,6 +405,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(3),
             max: None,
             warm_pool: Some(crate::protocol::WarmPoolSetting::Count(2)),
+            reset: false,
         },
     );
     assert_eq!(resp["ok"], true);
@@ -426,6 +430,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             min: Some(12),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     assert_eq!(bad["error"], "bad_request", "min above max is refused");
@@ -458,6 +463,7 @@ fn saturated(
                 in_flight: Some(12),
                 arrived: Some(c.0),
                 completed: Some(c.1),
+                router: None,
             };
             h.request(Peer::trusted(), Request::Report(r));
         }
@@ -518,6 +524,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
             min: Some(9),
             max: None,
             warm_pool: None,
+            reset: false,
         },
     );
     let out = h.log[before..].to_vec();
@@ -554,6 +561,7 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
             in_flight: Some(in_flight),
             arrived: Some(30 * i),
             completed: Some(30 * i),
+            router: None,
         };
         let resp = h.request(Peer::trusted(), Request::Report(r));
         assert_eq!(resp["ok"], true, "{resp}");
@@ -563,7 +571,21 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
     }
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
     assert_eq!(cap.slots, Some(3));
-    send(&mut h, 14, 4_294_967_296);
+    // The report itself is refused beyond the protocol's bound…
+    let huge = Report {
+        model: "m".into(),
+        replica: Some(id.0.clone()),
+        oldest_wait_ms: Some(10.0),
+        queue_depth: Some(1),
+        in_flight: Some(4_294_967_296),
+        arrived: Some(30 * 14),
+        completed: Some(30 * 14),
+        router: None,
+    };
+    let resp = h.request(Peer::trusted(), Request::Report(huge));
+    assert_eq!(resp["error"], "bad_request", "{resp}");
+    // …and the most it lets through is still not believed as a slot count.
+    send(&mut h, 14, 1_000_000);
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
     assert!(
         cap.slots

@@ -31,7 +31,20 @@ impl PortPool {
         }
     }
     pub fn capacity(&self) -> usize {
-        (self.range.last - self.range.first) as usize + 1
+        usize::from(self.range.last.saturating_sub(self.range.first)) + 1
+    }
+    /// Ports of the range not handed out.
+    pub fn free(&self) -> usize {
+        let in_range = self
+            .in_use
+            .range(self.range.first..=self.range.last)
+            .count();
+        self.capacity().saturating_sub(in_range)
+    }
+    /// The ports handed out (for the core's own consistency checks).
+    #[cfg(test)]
+    pub fn in_use(&self) -> &BTreeSet<u16> {
+        &self.in_use
     }
     pub fn take(&mut self) -> Option<u16> {
         for _ in 0..self.capacity() {
@@ -46,6 +59,14 @@ impl PortPool {
             }
         }
         None
+    }
+    /// `p` could be claimed: in the range and not handed out.
+    pub fn claimable(&self, p: u16) -> bool {
+        (self.range.first..=self.range.last).contains(&p) && !self.in_use.contains(&p)
+    }
+    /// Takes `p` (an adopted replica's); false if it is not claimable.
+    pub fn claim(&mut self, p: u16) -> bool {
+        self.claimable(p) && self.in_use.insert(p)
     }
     pub fn give_back(&mut self, p: u16) {
         self.in_use.remove(&p);

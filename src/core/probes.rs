@@ -44,7 +44,29 @@ impl Node {
             .map_or(DEFAULT_PROBE_FAILURES, |l| l.failures);
         match (kind, r.state) {
             (ProbeKind::Warmup, ReplicaState::Starting) => {
-                if o.ok {
+                if o.ok && r.adopted {
+                    // Adopted, not started: its warm-up proves it still serves, and says
+                    // nothing about how long this model takes to start.
+                    r.next_probe = now + m.config_of(&r.spec).launch.warmup.recheck;
+                    r.ever_warm = true;
+                    r.last_probe_error.clear();
+                    let rid = r.id.clone();
+                    let model = r.model.clone();
+                    self.set_state(&rid, ReplicaState::Warm, now, out);
+                    self.log(
+                        LogLevel::Info,
+                        &model,
+                        Some(&rid),
+                        "adopted: warm-up passed".into(),
+                        out,
+                    );
+                } else if !o.ok && r.adopted && !o.not_ready {
+                    // It served before; a wrong answer now (or a stranger on its port) is not a
+                    // server still loading: it is not taken back.
+                    let why = format!("adopted, but its warm-up failed: {}", o.detail);
+                    let rid = r.id.clone();
+                    self.stop(&rid, &why, false, now, out);
+                } else if o.ok {
                     let spawned = r.spawned_at.unwrap_or(r.created);
                     let ttr = now.since(spawned);
                     r.next_probe = now + m.config_of(&r.spec).launch.warmup.recheck;
@@ -171,7 +193,7 @@ impl Node {
             port: r.port.unwrap_or(0),
             replica: r.id.0.clone(),
             model: r.model.clone(),
-            gpus: self.gpus.uuids(&r.gpus).join(","),
+            gpus: r.gpus.join(","),
         }
     }
 }

@@ -5,6 +5,7 @@
 use super::event::{Action, LogLevel};
 use super::model::ScaleRecord;
 use super::node::Node;
+use super::placement::Want;
 use super::replica::{ReplicaId, ReplicaState};
 use super::Time;
 use crate::protocol::WatchEvent;
@@ -22,12 +23,8 @@ impl Node {
         let r = self.replicas.get(id)?;
         let model = r.model.clone();
         let m = self.models.get(&model)?;
-        let (prio, gpus, bytes, placement) = (
-            m.config.priority,
-            m.config.launch.gpus,
-            m.config.launch.gpu_memory,
-            m.config.launch.placement,
-        );
+        let prio = m.config.priority;
+        let launch = m.config.launch.clone();
         // Only a scale-up reclaims: refilling a warm pool never takes from others.
         let c = self.counts(&model);
         if m.desired_routed <= c.routed + c.leaving + c.warm + c.starting {
@@ -49,7 +46,8 @@ impl Node {
                 };
                 let mut trial = self.gpus.clone();
                 trial.release(&v.id, &v.gpus, v.gpu_bytes);
-                trial.place(gpus, bytes, placement).is_ok()
+                let none = std::collections::BTreeSet::new();
+                trial.place(&Want::of(&launch, &none)).is_ok()
             })?;
         let v = self.replicas.get_mut(&victim)?;
         v.reclaimed_for = Some(model.clone());

@@ -1,14 +1,16 @@
 //! The reconciler: after every event, move each model toward its desired routed count and warm
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
+use super::placement::Want;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
-use crate::config::WarmPool;
+use crate::config::{DeviceNaming, WarmPool};
 
 /// How many of each state a model has now.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,6 +100,7 @@ impl Node {
             m.desired_routed.clamp(m.min(), m.max())
         };
         let max = if m.removed { 0 } else { m.max() };
+        let (min, m_removed) = (m.min(), m.removed);
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
         let recheck = m.config.launch.warmup.recheck;
@@ -122,10 +125,20 @@ impl Node {
             self.stop(&id, why, false, now, out);
         }
 
-        // Promote warm replicas first: milliseconds, not a cold start.
+        // Promote warm replicas first: milliseconds, not a cold start. Adopted replicas that
+        // were routed before the daemon died keep their places while they re-verify: they are
+        // routed again, not the pool.
         let mut c = self.counts(name);
-        while c.routed < desired {
-            let Some(id) = self.pick(name, |r| r.promotable(), false) else {
+        let verifying = self
+            .replicas
+            .values()
+            .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
+            .count() as u32;
+        while c.routed + verifying < desired {
+            let pick = self
+                .pick(name, |r| r.promotable() && r.was_routed, false)
+                .or_else(|| self.pick(name, |r| r.promotable(), false));
+            let Some(id) = pick else {
                 break;
             };
             let warm_before = self
@@ -152,6 +165,25 @@ impl Node {
                     how: Readiness::Promoted,
                 });
             }
+        }
+
+        // Routed replicas an operator asked to drain drain once the others keep `min` routed.
+        let min = if m_removed { 0 } else { min };
+        while c.leaving > 0 && c.routed >= min {
+            let Some(id) = self.pick(
+                name,
+                |r| r.state == ReplicaState::Routed && r.drain_asked,
+                false,
+            ) else {
+                break;
+            };
+            self.begin_drain(
+                &id,
+                "drained by operator: its replacement is routed",
+                now,
+                out,
+            );
+            c.leaving -= 1;
         }
 
         // Routed replicas on a device being left drain once the healthy ones cover `desired`;
@@ -223,8 +255,14 @@ impl Node {
                 ReplicaState::Warm,
             ] {
                 while surplus > 0 {
-                    let Some(id) = self.pick(name, |r| r.state == state && !finishing(r), true)
-                    else {
+                    // Adopted replicas re-verifying their warm-up are not surplus: they are
+                    // the capacity being taken back.
+                    let surplus_of = |r: &Replica| {
+                        r.state == state
+                            && !finishing(r)
+                            && !(r.adopted && r.state == ReplicaState::Starting)
+                    };
+                    let Some(id) = self.pick(name, surplus_of, true) else {
                         break;
                     };
                     self.stop(&id, "surplus: more than the model needs", false, now, out);
@@ -237,7 +275,8 @@ impl Node {
     /// On its way out: on a device being left, or made from a configuration being rolled away
     /// from.
     pub(super) fn departing(&self, r: &Replica) -> bool {
-        self.gpus.leaving(&r.gpus)
+        r.drain_asked
+            || self.gpus.leaving(&r.gpus)
             || self
                 .models
                 .get(&r.model)
@@ -271,8 +310,12 @@ impl Node {
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
-        let n = m.next_n;
-        m.next_n += 1;
+        let mut n = m.next_n;
+        // Never an id in use (an adopted replica's whose record said little).
+        while self.replicas.contains_key(&ReplicaId::new(model, n)) {
+            n += 1;
+        }
+        m.next_n = n + 1;
         let restarts = m.failures.len() as u32;
         let spec = Arc::clone(m.launch_spec());
         let globs = spec.prefetch.clone();
@@ -310,6 +353,10 @@ impl Node {
         for m in self.models.keys() {
             blocked.insert(m.clone(), None);
         }
+        // Once the pool has no port, it has none for the rest of this pass (nothing is given
+        // back here): the others are not scanned for one, so a pass costs O(pending), not
+        // O(pending × ports).
+        let mut ports_left = true;
         for (_, _, _, id) in pending {
             let Some(r) = self.replicas.get(&id) else {
                 continue;
@@ -329,11 +376,22 @@ impl Node {
                 continue;
             }
             let launch = m.launch_spec();
-            let placed = match self
-                .gpus
-                .place(launch.gpus, launch.gpu_memory, launch.placement)
-            {
-                Ok(p) => p,
+            let want = |exclude| Want::of(launch, exclude);
+            // Placed as if nothing were held; a device that is held (a start under way on it,
+            // or the first memory readings pending) is then waited for, never swapped for
+            // another: `pack` still fills one device, and a multi-GPU set is never split.
+            let held = self.held_for(&model, now);
+            let nothing = BTreeSet::new();
+            let placed = match self.gpus.place(&want(&nothing)) {
+                Ok(p) => {
+                    if let Some(wait) = p.devices.iter().find_map(|u| held.get(u)).cloned() {
+                        if let Some(r) = self.replicas.get_mut(&id) {
+                            r.reason = wait;
+                        }
+                        continue;
+                    }
+                    p
+                }
                 Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
                         Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
@@ -346,11 +404,17 @@ impl Node {
                     continue;
                 }
             };
+            self.note_unread(&placed.devices, out);
+            let Some(m) = self.models.get(&model) else {
+                continue;
+            };
+            let launch = m.launch_spec();
             let exclusive = launch.gpu_memory.is_none();
             let Some(r) = self.replicas.get_mut(&id) else {
                 continue;
             };
-            let Some(port) = self.ports.take() else {
+            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
+                ports_left = false;
                 r.reason = "no free port in daemon.ports".into();
                 continue;
             };
@@ -358,7 +422,8 @@ impl Node {
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
-            self.gpus.reserve(&id, &placed, exclusive);
+            self.gpus
+                .reserve(&id, &placed.devices, placed.bytes, exclusive);
             self.set_state(&id, ReplicaState::Starting, now, out);
             if let Some(spec) = self.spawn_spec(&id) {
                 out.push(Action::Spawn(spec));
@@ -380,14 +445,28 @@ impl Node {
         let expand = |s: &str| crate::config::expand(s, &vars);
         let mut env: Vec<(String, String)> =
             c.env.iter().map(|(k, v)| (k.clone(), expand(v))).collect();
-        let uuids = self.gpus.uuids(&r.gpus);
-        let visible = uuids.join(",");
-        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.clone()));
+        let uuids = r.gpus.clone();
+        // hearth's placement wins over anything else naming devices (validation refuses these
+        // in `env`; the order here makes sure of it).
+        match c.device_naming {
+            DeviceNaming::Uuid => env.push(("CUDA_VISIBLE_DEVICES".into(), uuids.join(","))),
+            DeviceNaming::Index => {
+                let indices: Vec<String> = self
+                    .gpus
+                    .indices(&uuids)
+                    .iter()
+                    .map(u32::to_string)
+                    .collect();
+                env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
+                // NVML numbers devices in PCI bus order; CUDA, by default, fastest first.
+                env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            }
+        }
         // "void" is the container runtime's word for no GPU; empty would mean all.
         let nvidia = if uuids.is_empty() {
             "void".to_string()
         } else {
-            visible
+            uuids.join(",")
         };
         env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia));
         env.push((

@@ -98,6 +98,19 @@ impl Node {
             return;
         };
         let cause = cause_of(&askers);
+        // The scale overrides in force must fit the new file too (its ports, its models' max);
+        // else the file is refused like a bad one and the operator told how to make room.
+        let overrides = self.overrides();
+        let read = read.and_then(
+            |new| match super::overrides::check(&new.config, &overrides) {
+                Ok(()) => Ok(new),
+                Err(why) => Err(format!(
+                    "{}: {why}; widen daemon.ports, or clear an override with `hearth scale MODEL \
+                 --reset`",
+                    new.config.path.display()
+                )),
+            },
+        );
         let answer = match read {
             _ if self.shutdown.is_some() => {
                 out.push(Action::ReloadDone {
@@ -152,6 +165,12 @@ impl Node {
             });
             self.reloads.reading = Some(queued);
         }
+    }
+
+    /// A read of the file is out (tests: its answer is still to come).
+    #[cfg(test)]
+    pub(super) fn reloads_pending(&self) -> bool {
+        self.reloads.reading.is_some()
     }
 
     /// At shutdown: reloads waiting for a read are refused now, not when it comes back.

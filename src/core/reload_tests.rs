@@ -7,8 +7,8 @@ use super::replica::Replica;
 use super::tests::{model, signals, spawns, Harness, BASE};
 use super::*;
 use crate::config::{
-    Config, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig, ScrapeFormat,
-    SignalConfig, WarmupConfig,
+    Config, DeviceNaming, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig,
+    ScrapeFormat, SignalConfig, WarmupConfig,
 };
 use crate::protocol::ErrorCode;
 
@@ -224,7 +224,7 @@ fn reload_request(h: &mut Harness, id: RequestId, peer: Peer) -> Vec<Action> {
     h.send(Event::Request {
         id,
         peer,
-        request: crate::protocol::Request::Reload,
+        request: crate::protocol::Request::Reload {},
     })
 }
 
@@ -434,6 +434,7 @@ fn launch_changes(l: &LaunchSpec) -> Vec<(&'static str, LaunchSpec)> {
         gpus,
         gpu_memory,
         placement,
+        device_naming,
         prefetch,
         warmup,
     } = l.clone();
@@ -483,6 +484,15 @@ fn launch_changes(l: &LaunchSpec) -> Vec<(&'static str, LaunchSpec)> {
                 c.placement = match placement {
                     Placement::Pack => Placement::Spread,
                     Placement::Spread => Placement::Pack,
+                }
+            }),
+        ),
+        (
+            "device_naming",
+            with(&|c| {
+                c.device_naming = match device_naming {
+                    DeviceNaming::Index => DeviceNaming::Uuid,
+                    DeviceNaming::Uuid => DeviceNaming::Index,
                 }
             }),
         ),
@@ -539,7 +549,9 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         name: _,
         // Above.
         launch: _,
+        start_alone,
         priority,
+        slots,
         stop_grace,
         liveness,
         signal,
@@ -551,7 +563,9 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         m
     };
     vec![
+        ("start_alone", with(&|m| m.start_alone = !start_alone)),
         ("priority", with(&|m| m.priority = priority + 1)),
+        ("slots", with(&|m| m.slots = slots + 1)),
         (
             "stop_grace",
             with(&|m| m.stop_grace = stop_grace + Duration::from_secs(1)),
@@ -575,6 +589,7 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
                         scrape: "http://127.0.0.1:{port}/metrics".into(),
                         format: ScrapeFormat::Llamacpp,
                         interval: Duration::from_secs(1),
+                        models: Vec::new(),
                     }),
                 }
             }),
@@ -611,7 +626,7 @@ fn with_model(h: &Harness, m: ModelConfig) -> Config {
 fn a_change_to_any_field_of_the_launch_spec_rolls_the_model_over() {
     let base = settled().node.models["m"].config.clone();
     let changes = launch_changes(&base.launch);
-    assert_eq!(changes.len(), 17);
+    assert_eq!(changes.len(), 18);
     for (field, launch) in changes {
         assert_ne!(launch, base.launch, "{field}: a real change");
         let mut h = settled();

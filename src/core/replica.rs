@@ -40,6 +40,10 @@ pub struct Replica {
     pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
     pub ever_warm: bool,
+    /// Taken over from an earlier run of the daemon (core/adopt.rs), not started by this one.
+    pub adopted: bool,
+    /// Adopted from a run in which it was routed: it gets its place back first.
+    pub was_routed: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -50,8 +54,8 @@ pub struct Replica {
     pub spawned_at: Option<Time>,
     pub pid: Option<u32>,
     pub port: Option<u16>,
-    /// Indices into the node's device table.
-    pub gpus: Vec<usize>,
+    /// UUIDs of the devices it holds.
+    pub gpus: Vec<String>,
     /// Bytes reserved on each of `gpus`.
     pub gpu_bytes: u64,
     /// Failed predecessors in this replica's line.
@@ -69,6 +73,9 @@ pub struct Replica {
     pub deadline: Option<Time>,
     /// SIGKILL already sent.
     pub killed: bool,
+    /// An operator asked to drain it while that would have taken routed below `min`: it leaves
+    /// (as a departing replica) once a replacement is routed.
+    pub drain_asked: bool,
     /// Counts as a failure when it exits (it was stopped because it failed).
     pub failed: bool,
     pub signal: ReplicaSignal,
@@ -78,8 +85,9 @@ pub struct Replica {
     pub scrape_failing: bool,
     /// Leaving because a higher-priority model reclaimed its GPUs (that model's name).
     pub reclaimed_for: Option<String>,
-    /// GPU memory its processes hold, per device UUID, as NVML last said.
-    pub gpu_used: std::collections::BTreeMap<String, u64>,
+    /// GPU memory its processes hold, per device UUID, as NVML last said (None: the driver
+    /// would not say for one of its processes).
+    pub gpu_used: std::collections::BTreeMap<String, Option<u64>>,
     /// An overrun of the declared `gpu_memory` was logged (once per episode).
     pub overrun_warned: bool,
     /// Requests the scrapes saw waiting, oldest first: (the earliest they can have arrived,
@@ -102,6 +110,8 @@ impl Replica {
             version: spec.version.clone(),
             spec,
             ever_warm: false,
+            adopted: false,
+            was_routed: false,
             state: ReplicaState::Pending,
             since: now,
             since_event: 0,
@@ -119,6 +129,7 @@ impl Replica {
             last_probe_error: String::new(),
             deadline: None,
             killed: false,
+            drain_asked: false,
             failed: false,
             signal: ReplicaSignal::default(),
             scrape_next: now,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::event::LogLevel;
 use super::event::{Action, Peer, RequestId};
 use super::model::{ModelState, Overrides};
 use super::node::Node;
@@ -10,11 +11,31 @@ use super::replica::{ReplicaId, ReplicaState};
 use super::signal::Sample;
 use super::Time;
 use crate::protocol::{
-    self, Answer, ErrorCode, Failure, Report, Request, Response, Role, WatchEvent,
+    self, quote, Answer, ErrorCode, Failure, Report, Request, Response, Role, WatchEvent,
+    MAX_REASON,
 };
 
 /// The answer of an op that has nothing to say but yes.
 const DONE: Response = Response::Done {};
+
+/// What a `scale` request asks for.
+struct ScaleAsk {
+    min: Option<u32>,
+    max: Option<u32>,
+    warm_pool: Option<protocol::WarmPoolSetting>,
+    reset: bool,
+}
+
+fn no_model(name: &str) -> Failure {
+    Failure::new(ErrorCode::UnknownModel, format!("no model {}", quote(name)))
+}
+
+fn no_replica(id: &str) -> Failure {
+    Failure::new(
+        ErrorCode::UnknownReplica,
+        format!("no replica {}", quote(id)),
+    )
+}
 
 impl Node {
     // ---- control requests ------------------------------------------------------------------
@@ -30,7 +51,20 @@ impl Node {
         let answer = match self.authorize(peer, &req) {
             Err(f) => Err(f),
             // Answered once the file is read (config_read).
-            Ok(()) if req == Request::Reload => return self.reload_asked(Some(id), out),
+            Ok(()) if req == (Request::Reload {}) => return self.reload_asked(Some(id), out),
+            // Answered by the shell, which alone knows whether it can re-execute itself.
+            Ok(()) if req == (Request::Upgrade {}) && self.shutdown.is_none() => {
+                self.log_global(
+                    super::event::LogLevel::Info,
+                    "upgrade asked: handing every replica over to the binary on disk".into(),
+                    out,
+                );
+                return out.push(Action::Upgrade { id });
+            }
+            Ok(()) if req == (Request::Upgrade {}) => Err(Failure::new(
+                ErrorCode::Busy,
+                "shutting down: replicas are being stopped, not handed over",
+            )),
             Ok(()) => self.answer(peer, req, now, out),
         };
         out.push(Action::Reply { id, answer });
@@ -58,7 +92,7 @@ impl Node {
     /// The answer to an authorized request.
     fn answer(&mut self, peer: &Peer, req: Request, now: Time, out: &mut Vec<Action>) -> Answer {
         match req {
-            Request::Version => Ok(Response::Version {
+            Request::Version {} => Ok(Response::Version {
                 version: self.version.clone(),
                 protocol: protocol::PROTOCOL_VERSION,
             }),
@@ -70,7 +104,7 @@ impl Node {
                     status: self.status(model.as_deref(), now),
                 })
             }
-            Request::Gpus => Ok(Response::Gpus {
+            Request::Gpus {} => Ok(Response::Gpus {
                 gpus: self.gpus.views(),
             }),
             Request::Watch { model } => {
@@ -89,22 +123,46 @@ impl Node {
                 Ok(Response::Watching { snapshot })
             }
             Request::Report(report) => self.report(peer, report, now, out).map(|_| DONE),
-            Request::Drain { replica } => self.drain_request(&replica, now, out).map(|_| DONE),
+            Request::Drain { replica, force } => {
+                self.drain_request(&replica, force, now, out).map(|_| DONE)
+            }
             Request::Scale {
                 model,
                 min,
                 max,
                 warm_pool,
-            } => self
-                .scale_request(&model, min, max, warm_pool, now, out)
-                .map(|_| DONE),
+                reset,
+            } => {
+                let ask = ScaleAsk {
+                    min,
+                    max,
+                    warm_pool,
+                    reset,
+                };
+                self.scale_request(&model, ask, now, out).map(|_| DONE)
+            }
             Request::Cordon {
                 gpu,
                 reason,
                 evacuate,
-            } => self.cordon(&gpu, true, reason, evacuate, out).map(|_| DONE),
+            } => {
+                if let Some(r) = reason.as_ref().filter(|r| r.chars().count() > MAX_REASON) {
+                    return Err(Failure::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "reason is at most {MAX_REASON} characters ({} given)",
+                            r.chars().count()
+                        ),
+                    ));
+                }
+                self.cordon(&gpu, true, reason, evacuate, out).map(|_| DONE)
+            }
             Request::Uncordon { gpu } => self.cordon(&gpu, false, None, false, out).map(|_| DONE),
-            Request::Reload => {
+            Request::Upgrade {} => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "upgrade is answered by the daemon's shell",
+            )),
+            Request::Reload {} => {
                 // Taken by `request` before any answer: only a read of the file answers it.
                 Err(Failure::new(
                     ErrorCode::BadRequest,
@@ -115,19 +173,14 @@ impl Node {
     }
 
     fn model_mut(&mut self, name: &str) -> Result<&mut ModelState, Failure> {
-        self.models
-            .get_mut(name)
-            .ok_or_else(|| Failure::new(ErrorCode::UnknownModel, format!("no model {name:?}")))
+        self.models.get_mut(name).ok_or_else(|| no_model(name))
     }
 
     fn model_known(&self, name: &str) -> Result<(), Failure> {
         if self.models.contains_key(name) {
             Ok(())
         } else {
-            Err(Failure::new(
-                ErrorCode::UnknownModel,
-                format!("no model {name:?}"),
-            ))
+            Err(no_model(name))
         }
     }
 
@@ -171,28 +224,46 @@ impl Node {
                 "a replica may only report for itself; model-wide reports need the reporter role",
             ));
         }
-        for v in [report.oldest_wait_ms].into_iter().flatten() {
-            if !v.is_finite() || v < 0.0 {
+        report.check()?;
+        if let Some(name) = &report.router {
+            if !is_reporter {
+                return Err(Failure::new(
+                    ErrorCode::Forbidden,
+                    "a front door's reports (`router`) need the reporter role",
+                ));
+            }
+            if name.is_empty()
+                || name.len() > protocol::MAX_ROUTER_NAME
+                || name.chars().any(char::is_control)
+            {
                 return Err(Failure::new(
                     ErrorCode::BadRequest,
-                    "oldest_wait_ms must be a finite number ≥ 0",
+                    format!(
+                        "router must be a name of 1 to {} printable characters",
+                        protocol::MAX_ROUTER_NAME
+                    ),
                 ));
             }
         }
+        if let Some(rid) = &target {
+            let r = self
+                .replicas
+                .get(rid)
+                .ok_or_else(|| no_replica(rid.as_str()))?;
+            if r.model != report.model {
+                return Err(Failure::new(
+                    ErrorCode::UnknownReplica,
+                    format!("replica {rid} belongs to model {}", quote(&r.model)),
+                ));
+            }
+        }
+        // Answered either way; recorded only from the source that is the model's signal now.
+        if !self.admit_signal(&report.model, report.router.as_deref(), now, out) {
+            return Ok(());
+        }
         let sample = Sample::from_report(&report, now);
         match target {
-            Some(rid) => {
-                let r = self.replicas.get_mut(&rid).ok_or_else(|| {
-                    Failure::new(ErrorCode::UnknownReplica, format!("no replica {rid}"))
-                })?;
-                if r.model != report.model {
-                    return Err(Failure::new(
-                        ErrorCode::UnknownReplica,
-                        format!("replica {rid} belongs to model {:?}", r.model),
-                    ));
-                }
-                self.record_replica_sample(&rid, sample, now, out);
-            }
+            Some(rid) => self.record_replica_sample(&rid, sample, now, out),
             None => {
                 self.model_mut(&report.model)?.model_wide.record(sample);
             }
@@ -228,16 +299,61 @@ impl Node {
         }
     }
 
-    fn drain_request(&mut self, id: &str, now: Time, out: &mut Vec<Action>) -> Result<(), Failure> {
+    /// `drain`: unroute, let work finish, stop. Routed stays at `min` or above: where draining
+    /// would take it below, a warm replica is promoted in the same event or a replacement is
+    /// started, and the replica drains once the replacement is routed (the reconciler's
+    /// `departing` path, as for rollouts and evacuations). Only when no replacement fits beside
+    /// the replicas running now is it refused, and `force` drains it all the same.
+    fn drain_request(
+        &mut self,
+        id: &str,
+        force: bool,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Failure> {
         let rid = ReplicaId(id.to_string());
         let Some(r) = self.replicas.get(&rid) else {
-            return Err(Failure::new(
-                ErrorCode::UnknownReplica,
-                format!("no replica {id:?}"),
-            ));
+            return Err(no_replica(id));
         };
         match r.state {
-            ReplicaState::Routed => self.begin_drain(&rid, "drained by operator", now, out),
+            ReplicaState::Routed => {
+                let model = r.model.clone();
+                let min = self
+                    .models
+                    .get(&model)
+                    .filter(|m| !m.removed)
+                    .map_or(0, |m| m.min());
+                // Routed replicas that stay: not this one, nor others already on their way out.
+                let staying = self
+                    .replicas
+                    .values()
+                    .filter(|x| x.model == model && x.state == ReplicaState::Routed)
+                    .filter(|x| x.id != rid && !self.departing(x))
+                    .count() as u32;
+                if force || staying >= min {
+                    self.begin_drain(&rid, "drained by operator", now, out);
+                } else if let Err(why) = self.replacement_possible(&model) {
+                    return Err(Failure::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "draining {rid} would leave {staying} routed, below min {min}, and \
+                             no replacement can be placed: {why}; `hearth drain --force` \
+                             drains it anyway"
+                        ),
+                    ));
+                } else if let Some(r) = self.replicas.get_mut(&rid) {
+                    r.drain_asked = true;
+                    r.reason =
+                        format!("drain asked: drains once a replacement is routed (min {min})");
+                    self.log(
+                        LogLevel::Info,
+                        &model,
+                        Some(&rid),
+                        format!("drain asked: a replacement is routed first, to keep min {min}"),
+                        out,
+                    );
+                }
+            }
             ReplicaState::Pending => {
                 self.forget(&rid, "removed by operator", out);
             }
@@ -250,25 +366,50 @@ impl Node {
         Ok(())
     }
 
+    /// Whether a replica of `model` can take a routed one's place: a warm one to promote, one
+    /// already starting, or room for a new one (GPUs and a port) beside the replicas running now.
+    fn replacement_possible(&self, model: &str) -> Result<(), String> {
+        let ready_or_coming = self.replicas.values().any(|r| {
+            r.model == model
+                && !self.departing(r)
+                && (r.promotable() || r.state == ReplicaState::Starting)
+        });
+        if ready_or_coming {
+            return Ok(());
+        }
+        let Some(m) = self.models.get(model) else {
+            return Err("the model is gone".into());
+        };
+        if self.ports.free() == 0 {
+            return Err("no free port in daemon.ports".into());
+        }
+        let nothing = std::collections::BTreeSet::new();
+        self.gpus
+            .place(&super::placement::Want::of(m.launch_spec(), &nothing))
+            .map(|_| ())
+    }
+
     fn scale_request(
         &mut self,
         model: &str,
-        min: Option<u32>,
-        max: Option<u32>,
-        warm_pool: Option<protocol::WarmPoolSetting>,
+        ask: ScaleAsk,
         now: Time,
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
         let m = self.model_mut(model)?;
-        let mut o = m.overrides.clone();
-        if min.is_some() {
-            o.min = min;
+        let mut o = if ask.reset {
+            Overrides::default()
+        } else {
+            m.overrides.clone()
+        };
+        if ask.min.is_some() {
+            o.min = ask.min;
         }
-        if max.is_some() {
-            o.max = max;
+        if ask.max.is_some() {
+            o.max = ask.max;
         }
-        if warm_pool.is_some() {
-            o.warm_pool = warm_pool;
+        if ask.warm_pool.is_some() {
+            o.warm_pool = ask.warm_pool;
         }
         let new_min = o.min.unwrap_or(m.config.scaling.min);
         let new_max = o.max.unwrap_or(m.config.scaling.max);
@@ -284,24 +425,34 @@ impl Node {
                 "max must be at least 1",
             ));
         }
-        let ports_needed: u32 = self
+        // Every replica takes a port: the models' max together must fit daemon.ports. Counted
+        // in u64, as the configuration's own check is.
+        let ports = super::overrides::port_capacity(self.config.daemon.ports);
+        let others: u64 = self
             .models
             .values()
-            .map(|x| if x.name() == model { new_max } else { x.max() })
+            .filter(|x| x.name() != model && !x.removed)
+            .map(|x| u64::from(x.max()))
             .sum();
-        if ports_needed as usize > self.ports.capacity() {
+        let needed = others + u64::from(new_max);
+        if needed > ports {
             return Err(Failure::new(
                 ErrorCode::BadRequest,
                 format!(
-                    "max {new_max} needs {ports_needed} ports in all; daemon.ports has {}",
-                    self.ports.capacity()
+                    "max {new_max} needs {needed} ports in all; daemon.ports has {ports} \
+                     (at most {} for this model)",
+                    ports.saturating_sub(others)
                 ),
             ));
         }
         let m = self.model_mut(model)?;
         m.overrides = o;
         let (lo, hi) = (m.min(), m.max());
-        let reason = format!("operator set min {lo}, max {hi}");
+        let reason = if ask.reset {
+            format!("operator cleared the overrides: min {lo}, max {hi}")
+        } else {
+            format!("operator set min {lo}, max {hi}")
+        };
         let clamped = m.desired_routed.clamp(lo, hi);
         out.push(Action::PersistOverrides(self.overrides()));
         self.set_desired(

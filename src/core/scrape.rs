@@ -25,11 +25,18 @@ impl Node {
             let Some(sig) = &m.config.signal else {
                 continue;
             };
+            // A front door's reports supersede scrapes: none is asked for meanwhile.
+            if m.router
+                .as_ref()
+                .is_some_and(|(_, at)| now.since(*at) <= m.config.scaling.stale_after)
+            {
+                continue;
+            }
             let vars = crate::config::Placeholders {
                 port: r.port.unwrap_or(0),
                 replica: r.id.0.clone(),
                 model: r.model.clone(),
-                gpus: self.gpus.uuids(&r.gpus).join(","),
+                gpus: r.gpus.join(","),
             };
             r.scrape_in_flight = true;
             r.scrape_next = now + sig.interval;
@@ -37,6 +44,7 @@ impl Node {
                 replica: r.id.clone(),
                 url: crate::config::expand(&sig.scrape, &vars),
                 format: sig.format,
+                models: sig.models.clone(),
                 timeout: sig
                     .interval
                     .clamp(Duration::from_millis(500), Duration::from_secs(5)),
@@ -57,7 +65,7 @@ impl Node {
         r.scrape_in_flight = false;
         let model = r.model.clone();
         let q = match outcome {
-            Ok(q) => q,
+            Ok(q) => q.bounded(),
             Err(e) => {
                 // No signal (staleness rules apply); said once per episode, not once per poll.
                 if !r.scrape_failing {
@@ -68,6 +76,13 @@ impl Node {
             }
         };
         let recovered = std::mem::take(&mut r.scrape_failing);
+        // One asked for before a front door began to report.
+        if !self.admit_signal(&model, None, now, out) {
+            return;
+        }
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         let bound_ms = oldest_wait_bound(r, q.queue_depth, now);
         // The server's estimate: its own oldest wait where it has one, else the mean wait of
         // the requests that started service since the last scrape (none if none did: a queue

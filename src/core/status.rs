@@ -54,6 +54,7 @@ impl Node {
                 queue_depth: Some(s.queue_depth),
                 in_flight: Some(s.in_flight),
                 age_ms: Some(now.since(s.at).as_millis() as u64),
+                router: self.front_door(name, now).map(str::to_string),
             },
             None => SignalView::default(),
         };
@@ -80,6 +81,7 @@ impl Node {
                 WarmPool::Auto => WarmPoolSetting::AUTO,
             },
             target_wait_ms: m.config.scaling.target_wait.as_millis() as u64,
+            slots: m.config.slots,
             signal,
             last_scale: m.last_scale.as_ref().map(|s| ScaleView {
                 at_ms: s.at.as_millis(),
@@ -109,7 +111,7 @@ impl Node {
                     pid: r.pid,
                     port: r.port,
                     addr: r.addr(),
-                    gpus: self.gpus.uuids(&r.gpus),
+                    gpus: r.gpus.clone(),
                     since_ms: r.since.as_millis(),
                     restarts: r.restarts,
                     version: r.version.clone(),

@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::protocol::Health;
 use crate::protocol::{Report, Request, Role, WatchEvent};
 
-pub(super) const BASE: &str = r#"
+pub(crate) const BASE: &str = r#"
 [daemon]
 socket = "/tmp/hearth-test.sock"
 ports = "30000-30099"
@@ -25,7 +25,7 @@ uuid = "GPU-b"
 memory = "80GiB"
 "#;
 
-pub(super) fn model(name: &str, extra: &str, scaling: &str) -> String {
+pub(crate) fn model(name: &str, extra: &str, scaling: &str) -> String {
     format!(
         r#"
 [[model]]
@@ -51,7 +51,7 @@ failures = 3
 }
 
 /// A node under test, with a virtual clock and a fake process table.
-pub(super) struct Harness {
+pub(crate) struct Harness {
     pub node: Node,
     pub now: Time,
     next_pid: u32,
@@ -61,18 +61,60 @@ pub(super) struct Harness {
 
 impl Harness {
     pub fn new(toml: &str) -> Harness {
+        let mut h = Harness::bare(toml);
+        h.send(Event::Tick);
+        h
+    }
+
+    /// A node that has handled nothing yet (the daemon's adoption comes before its first tick).
+    pub fn bare(toml: &str) -> Harness {
         let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let devices = GpuDevice::declared(&config.gpus);
+        Harness::with_devices(toml, devices)
+    }
+
+    /// A node whose inventory found `devices` (rather than the file's `[[gpus.device]]`).
+    pub fn with_devices(toml: &str, devices: Vec<GpuDevice>) -> Harness {
+        let config = Config::parse(toml, Path::new("test.toml")).expect("test config parses");
         let now = Time::from_millis(1_000_000);
-        let mut h = Harness {
+        Harness {
             node: Node::new(config, devices, Default::default(), now),
             now,
             next_pid: 1000,
             log: Vec::new(),
             next_req: 1,
-        };
-        h.send(Event::Tick);
-        h
+        }
+    }
+
+    /// Whether the device takes replicas now (for tests outside the core).
+    pub fn accepts(&self, uuid: &str) -> bool {
+        self.node.gpus.slot(uuid).is_some_and(|s| s.accepts())
+    }
+
+    /// (bytes reserved, NVML index) of a device.
+    pub fn reserved_on(&self, uuid: &str) -> Option<(u64, u32)> {
+        self.node
+            .gpus
+            .slot(uuid)
+            .map(|s| (s.reserved, s.device.index))
+    }
+
+    /// The devices of a replica.
+    pub fn gpus_of(&self, id: &ReplicaId) -> Vec<String> {
+        self.node
+            .replicas
+            .get(id)
+            .map(|r| r.gpus.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every replica's state and devices.
+    pub fn all_replicas(&self) -> Vec<(ReplicaState, Vec<String>)> {
+        self.node
+            .replicas
+            .values()
+            .map(|r| (r.state, r.gpus.clone()))
+            .collect()
     }
 
     pub fn send(&mut self, ev: Event) -> Vec<Action> {
@@ -150,6 +192,7 @@ impl Harness {
             in_flight: Some(in_flight),
             arrived: None,
             completed: None,
+            router: None,
         };
         self.request(Peer::trusted(), Request::Report(r))
     }
@@ -223,14 +266,14 @@ impl Harness {
     }
 }
 
-pub(super) fn spawns(actions: &[Action]) -> usize {
+pub(crate) fn spawns(actions: &[Action]) -> usize {
     actions
         .iter()
         .filter(|a| matches!(a, Action::Spawn(_)))
         .count()
 }
 
-pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
+pub(crate) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -242,7 +285,7 @@ pub(super) fn signals(actions: &[Action], want: StopSignal) -> Vec<ReplicaId> {
         .collect()
 }
 
-pub(super) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
+pub(crate) fn routed_sets(actions: &[Action]) -> Vec<Vec<String>> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -535,6 +578,8 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
         Peer::trusted(),
         Request::Drain {
             replica: r.0.clone(),
+            // At min: only forced does it drain before a replacement is routed.
+            force: true,
         },
     );
     assert_eq!(out["ok"], true);
@@ -583,6 +628,7 @@ fn drain_gives_up_after_drain_timeout_and_stop_escalates_to_sigkill() {
         Peer::trusted(),
         Request::Drain {
             replica: r.0.clone(),
+            force: true,
         },
     );
     h.report("m", Some(&r.0), 0.0, 0, 2);
@@ -665,7 +711,10 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
     assert_eq!(uuids, vec!["GPU-a", "GPU-b"]);
     for s in &specs {
         let env: std::collections::BTreeMap<_, _> = s.env.iter().cloned().collect();
-        assert_eq!(env["CUDA_VISIBLE_DEVICES"], s.gpus[0]);
+        // By default devices are named by index (in [[gpus.device]] order here), in PCI order.
+        let index = if s.gpus[0] == "GPU-a" { "0" } else { "1" };
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], index);
+        assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], s.gpus[0]);
     }
     let st = h.node.status(Some("g"), h.now);
@@ -700,6 +749,7 @@ fn no_two_live_replicas_share_a_port() {
             Peer::trusted(),
             Request::Drain {
                 replica: r.0.clone(),
+                force: true,
             },
         );
         h.report("m", Some(&r.0), 0.0, 0, 0);
@@ -775,7 +825,8 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         h.request(
             reader.clone(),
             Request::Drain {
-                replica: r.0.clone()
+                replica: r.0.clone(),
+                force: false,
             }
         )["error"],
         "forbidden"

@@ -23,10 +23,65 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_LINE: usize = 64 * 1024;
 pub const DEFAULT_SOCKET: &str = "/run/hearth/hearth.sock";
 
+/// Bounds on the numbers a report may carry. Every number from outside is bounded before the
+/// core uses it; a report beyond these is refused (`bad_request`, naming the field and its
+/// bound), and a scrape beyond them is clamped (nobody is there to answer).
+///
+/// - `oldest_wait_ms` ≤ one day: a request that has waited longer says nothing more about how
+///   many replicas are needed than one that waited a day, and durations built from it stay far
+///   from `Duration`'s limits.
+/// - `queue_depth`, `in_flight` ≤ one million: no model server holds more, and the policy's
+///   per-replica estimates are made from them.
+/// - `arrived`, `completed` ≤ 2^53 − 1: exact as the `f64` rates are computed in, and 285 years
+///   of counting at a million requests a second.
+pub const MAX_WAIT_MS: f64 = 86_400_000.0;
+pub const MAX_QUEUE: u64 = 1_000_000;
+pub const MAX_COUNTER: u64 = (1 << 53) - 1;
+/// Longest cordon `reason`: it is shown in every `status` and `gpus` answer.
+pub const MAX_REASON: usize = 256;
+
+/// Most of a client's own text an error message quotes back (characters).
+pub const QUOTE_MAX: usize = 64;
+/// Longest error message an answer carries (bytes); longer ones are cut. With quoting, an error
+/// answer stays under 5 KiB whatever the request was: a request cannot be amplified.
+pub const MAX_MESSAGE: usize = 2048;
+
+/// A client's text as an error message quotes it: escaped like `{:?}`, at most `QUOTE_MAX`
+/// characters of it, and "…" where it was cut.
+pub fn quote(s: &str) -> String {
+    let mut cut: String = s.chars().take(QUOTE_MAX).collect();
+    let more = cut.len() < s.len();
+    if more {
+        cut.push('…');
+    }
+    format!("{cut:?}")
+}
+
+/// An error message as it goes on the wire: control characters other than newline and tab
+/// replaced (JSON would escape each into six bytes), at most `MAX_MESSAGE` bytes.
+fn bounded_message(m: &str) -> std::borrow::Cow<'_, str> {
+    let clean = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    if m.len() <= MAX_MESSAGE && m.chars().all(clean) {
+        return m.into();
+    }
+    let mut out = String::with_capacity(MAX_MESSAGE + 32);
+    for c in m.chars() {
+        let c = if clean(c) { c } else { '\u{fffd}' };
+        if out.len() + c.len_utf8() > MAX_MESSAGE {
+            out.push_str(" … (cut)");
+            break;
+        }
+        out.push(c);
+    }
+    out.into()
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Version,
+    /// Written `Version {}` rather than as a unit variant: serde lets an internally tagged unit
+    /// variant take any field, and a misspelt one must be an error here as on every other op.
+    Version {},
     Report(Report),
     Status {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -36,7 +91,7 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model: Option<String>,
     },
-    Gpus,
+    Gpus {},
     Scale {
         model: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,9 +100,16 @@ pub enum Request {
         max: Option<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         warm_pool: Option<WarmPoolSetting>,
+        /// Clears the model's overrides first (the configuration file's values apply again);
+        /// `min`, `max` and `warm_pool` given beside it are then set anew.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reset: bool,
     },
     Drain {
         replica: String,
+        /// Drain even when routed would drop below `min` with no replacement possible.
+        #[serde(default, skip_serializing_if = "is_false")]
+        force: bool,
     },
     Cordon {
         gpu: String,
@@ -59,7 +121,13 @@ pub enum Request {
     Uncordon {
         gpu: String,
     },
-    Reload,
+    Reload {},
+    /// Replace the daemon with the binary now on disk, keeping every replica (issue 14).
+    Upgrade {},
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a request asks for, without its fields: the `op` alone. Reading a line's `op` into it
@@ -79,6 +147,7 @@ pub enum Op {
     Cordon,
     Uncordon,
     Reload,
+    Upgrade,
 }
 
 impl fmt::Display for Op {
@@ -94,7 +163,9 @@ impl Op {
         match self {
             Op::Version | Op::Status | Op::Watch | Op::Gpus => Role::Reader,
             Op::Report => Role::Reporter,
-            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload => Role::Admin,
+            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload | Op::Upgrade => {
+                Role::Admin
+            }
         }
     }
 }
@@ -116,7 +187,43 @@ pub struct Report {
     pub arrived: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed: Option<u64>,
+    /// Set by a front door (`hearth route`): its name. While a front door reports for a model,
+    /// its reports are the model's signal and supersede the replicas' own reports and scrapes
+    /// (they hold only part of the queue, or none of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
 }
+
+impl Report {
+    /// Refuses numbers no server could mean (see `MAX_WAIT_MS` and the bounds beside it).
+    pub fn check(&self) -> Result<(), Failure> {
+        let bad = |m: String| Err(Failure::new(ErrorCode::BadRequest, m));
+        if let Some(w) = self.oldest_wait_ms {
+            if !w.is_finite() || w < 0.0 {
+                return bad("oldest_wait_ms must be a finite number ≥ 0".into());
+            }
+            if w > MAX_WAIT_MS {
+                return bad(format!(
+                    "oldest_wait_ms {w} is more than a day ({MAX_WAIT_MS} ms): not a queue wait"
+                ));
+            }
+        }
+        for (name, v, max) in [
+            ("queue_depth", self.queue_depth, MAX_QUEUE),
+            ("in_flight", self.in_flight, MAX_QUEUE),
+            ("arrived", self.arrived, MAX_COUNTER),
+            ("completed", self.completed, MAX_COUNTER),
+        ] {
+            if let Some(v) = v.filter(|v| *v > max) {
+                return bad(format!("{name} {v} is over its bound {max}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A front door's name in a report: bounded, so that status and logs stay readable.
+pub const MAX_ROUTER_NAME: usize = 128;
 
 /// A warm pool size: a count or "auto" (`scale`'s `warm_pool`, status's `warm_pool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,7 +336,7 @@ pub fn encode_answer(answer: &Answer) -> String {
         Err(f) => serde_json::to_string(&Error {
             ok: false,
             error: f.code,
-            message: &f.message,
+            message: &bounded_message(&f.message),
         }),
     };
     // Views hold no maps with non-string keys and no non-finite floats the core lets in; should
@@ -272,6 +379,12 @@ pub fn decode_answer(line: &str) -> Result<Answer, String> {
 
 /// Parses one request line. Distinguishes an unknown op from a malformed known one.
 pub fn parse_request(line: &str) -> Result<Request, Failure> {
+    if line.trim().is_empty() {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            "an empty line: a request is a JSON object on one line",
+        ));
+    }
     let value: Value = serde_json::from_str(line)
         .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON: {e}")))?;
     let Some(obj) = value.as_object() else {
@@ -293,28 +406,72 @@ pub fn parse_request(line: &str) -> Result<Request, Failure> {
     if let Err(e) =
         Op::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&op))
     {
+        // serde's message quotes the op whole; the known ones are what it is for.
+        let known = e.to_string();
+        let known = known
+            .rsplit_once("expected")
+            .map_or("", |(_, k)| k.trim_start_matches(" one of").trim());
         return Err(Failure::new(
             ErrorCode::UnknownOp,
-            format!("unknown op {op:?}: {e}"),
+            format!("unknown op {}: expected one of {known}", quote(&op)),
         ));
     }
-    serde_json::from_value(value)
-        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("op {op:?}: {e}")))
+    serde_json::from_value(value).map_err(|e| {
+        Failure::new(
+            ErrorCode::BadRequest,
+            format!("op {}: {}", quote(&op), serde_message(&e)),
+        )
+    })
+}
+
+/// serde's reason, with the text it quotes from the request (an unknown field's name, a value of
+/// the wrong type) cut to `QUOTE_MAX` characters.
+fn serde_message(e: &serde_json::Error) -> String {
+    let m = e.to_string();
+    // serde quotes names in backticks and strings in double quotes: cut each quoted stretch.
+    let mut out = String::with_capacity(m.len().min(MAX_MESSAGE));
+    let mut rest = m.as_str();
+    while let Some(i) = rest.find(['`', '"']) {
+        let (before, from) = rest.split_at(i);
+        out.push_str(before);
+        let q = from.chars().next().unwrap_or('`');
+        let body = &from[q.len_utf8()..];
+        match body.find(q) {
+            Some(j) => {
+                let inner = &body[..j];
+                out.push(q);
+                let cut: String = inner.chars().take(QUOTE_MAX).collect();
+                out.push_str(&cut);
+                if cut.len() < inner.len() {
+                    out.push('…');
+                }
+                out.push(q);
+                rest = &body[j + q.len_utf8()..];
+            }
+            None => {
+                out.push_str(from);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Request {
     pub fn op(&self) -> Op {
         match self {
-            Request::Version => Op::Version,
+            Request::Version {} => Op::Version,
             Request::Report(_) => Op::Report,
             Request::Status { .. } => Op::Status,
             Request::Watch { .. } => Op::Watch,
-            Request::Gpus => Op::Gpus,
+            Request::Gpus {} => Op::Gpus,
             Request::Scale { .. } => Op::Scale,
             Request::Drain { .. } => Op::Drain,
             Request::Cordon { .. } => Op::Cordon,
             Request::Uncordon { .. } => Op::Uncordon,
-            Request::Reload => Op::Reload,
+            Request::Reload {} => Op::Reload,
+            Request::Upgrade {} => Op::Upgrade,
         }
     }
 
@@ -350,5 +507,7 @@ pub(crate) fn wire_name<T: Serialize>(v: &T) -> String {
     }
 }
 
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

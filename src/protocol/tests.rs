@@ -6,7 +6,7 @@ use super::*;
 fn parses_known_ops_and_rejects_the_rest() {
     assert_eq!(
         parse_request(r#"{"op":"version"}"#).unwrap(),
-        Request::Version
+        Request::Version {}
     );
     let r = parse_request(r#"{"op":"report","model":"m","oldest_wait_ms":12.5,"in_flight":3}"#)
         .unwrap();
@@ -78,10 +78,21 @@ fn watch_events_carry_their_tag() {
         endpoints: vec![Endpoint {
             replica: "m-1".into(),
             addr: "127.0.0.1:1".into(),
+            slots: Some(4),
         }],
     };
     let s = serde_json::to_string(&e).unwrap();
     assert!(s.starts_with(r#"{"event":"routed","model":"m""#), "{s}");
+    assert!(s.contains(r#""slots":4"#), "{s}");
+    // A daemon from before `slots` sends none.
+    let old: WatchEvent = serde_json::from_str(
+        r#"{"event":"routed","model":"m","endpoints":[{"replica":"m-1","addr":"127.0.0.1:1"}]}"#,
+    )
+    .unwrap();
+    let WatchEvent::Routed { endpoints, .. } = old else {
+        panic!("{old:?}")
+    };
+    assert_eq!(endpoints[0].slots, None);
 }
 
 #[test]
@@ -174,12 +185,15 @@ fn answers_are_design_s_lines_and_read_back() {
         memory_foreign: None,
         note: None,
         topology: None,
+        memory_driver_reserved: None,
+        mig_parent: None,
+        nvlink: Vec::new(),
     };
     round_trip(
         Ok(Response::Gpus {
             gpus: vec![gpu.clone()],
         }),
-        r#"{"ok":true,"gpus":[{"index":0,"uuid":"GPU-a","name":"static device","memory_total":1024,"memory_reserved":512,"healthy":true,"cordoned":false,"replicas":["m-1"],"memory_used":null,"memory_foreign":null,"note":null,"topology":null}]}"#,
+        r#"{"ok":true,"gpus":[{"index":0,"uuid":"GPU-a","name":"static device","memory_total":1024,"memory_reserved":512,"healthy":true,"cordoned":false,"replicas":["m-1"],"memory_used":null,"memory_foreign":null,"note":null,"topology":null,"memory_driver_reserved":null,"mig_parent":null,"nvlink":[]}]}"#,
     );
     // The watch answer is `{"ok":true}`; the snapshot follows on lines of its own.
     let snapshot = vec![WatchEvent::Routed {
@@ -194,13 +208,14 @@ fn answers_are_design_s_lines_and_read_back() {
 
 #[test]
 fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
-    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[]}}"#;
+    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[]}}"#;
     let answer = decode_answer(line).unwrap();
     let Ok(Response::Status { status }) = &answer else {
         panic!("{answer:?}");
     };
     let m = &status.models[0];
     assert_eq!(m.health, Health::CrashLoop);
+    assert_eq!(m.slots, 4);
     assert_eq!(m.warm_pool, WarmPoolSetting::AUTO);
     assert_eq!(m.warm_pool.to_string(), "auto");
     let states: Vec<ReplicaState> = m.replicas.iter().map(|r| r.state).collect();

@@ -104,6 +104,9 @@ pub struct ModelView {
     /// a count, or "auto"
     pub warm_pool: WarmPoolSetting,
     pub target_wait_ms: u64,
+    /// `[[model]] slots`: requests one replica serves at once (absent before it: one).
+    #[serde(default = "one_slot")]
+    pub slots: u32,
     pub signal: SignalView,
     pub last_scale: Option<ScaleView>,
     /// A rollout under way or halted; None when every replica runs the configuration.
@@ -154,6 +157,10 @@ pub struct SignalView {
     pub in_flight: Option<u64>,
     /// age of the newest report in use; None when there is no fresh signal
     pub age_ms: Option<u64>,
+    /// The front door whose reports are the signal now; None: replicas' own reports, scrapes or
+    /// other reporters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -208,9 +215,19 @@ pub struct GpuView {
     /// Why the device is unhealthy or cordoned (the XID, the operator's reason), if it is.
     #[serde(default)]
     pub note: Option<String>,
-    /// NUMA node (or PCIe root) key shared by devices close to each other; null if unknown.
+    /// The NUMA node the device hangs off (`numa<N>`, from the kernel); null if unknown.
     #[serde(default)]
     pub topology: Option<String>,
+    /// Memory the driver and firmware set aside (NVML's `reserved`): never capacity. Null until
+    /// NVML has reported.
+    #[serde(default)]
+    pub memory_driver_reserved: Option<u64>,
+    /// For a MIG instance, the UUID of the GPU it is a slice of; null for a whole GPU.
+    #[serde(default)]
+    pub mig_parent: Option<String>,
+    /// UUIDs of the devices NVML says this one reaches over NVLink.
+    #[serde(default)]
+    pub nvlink: Vec<String>,
 }
 
 // ---- WATCH -----------------------------------------------------------------------------------
@@ -219,6 +236,15 @@ pub struct GpuView {
 pub struct Endpoint {
     pub replica: String,
     pub addr: String,
+    /// Requests the replica serves at once (`[[model]] slots`); a front door never sends more.
+    /// This daemon always says; None only from a daemon before it (the reader's own
+    /// configuration then decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+}
+
+fn one_slot() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

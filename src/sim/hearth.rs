@@ -263,6 +263,9 @@ impl HearthDriver {
                 in_flight: Some(in_flight),
                 arrived,
                 completed,
+                // Replicas' own reports and a plain model-wide queue report: none claims to
+                // be a front door, so the supersede rule never applies here.
+                router: None,
             }),
         }
     }

@@ -15,6 +15,7 @@ pub mod grid;
 pub mod grid_report;
 pub mod hearth;
 pub mod oracle;
+mod oracle_replay;
 pub mod plot;
 pub mod report;
 pub mod rng;

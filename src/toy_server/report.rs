@@ -59,6 +59,7 @@ impl Reporter {
             in_flight: Some(s.waiting + s.running),
             arrived: Some(s.arrived),
             completed: Some(s.completed),
+            router: None,
         });
         let mut line = serde_json::to_string(&report)?;
         line.push('\n');
@@ -239,6 +240,7 @@ mod tests {
                 in_flight: Some(0),
                 arrived: Some(0),
                 completed: Some(0),
+                router: None,
             }
         );
         wr.write_all(b"{\"ok\":true}\n").await.unwrap();

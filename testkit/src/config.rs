@@ -76,6 +76,10 @@ pub struct Model {
     pub gpus: u32,
     pub gpu_memory: Option<String>,
     pub placement: Option<String>,
+    /// `device_naming` ("index" or "uuid"); None leaves the default (index).
+    pub device_naming: Option<String>,
+    /// `start_alone`; None leaves the default (true).
+    pub start_alone: Option<bool>,
     pub priority: Option<i32>,
     pub prefetch: Vec<String>,
     pub stop_grace: String,
@@ -106,6 +110,8 @@ impl Model {
             gpus: 0,
             gpu_memory: None,
             placement: None,
+            device_naming: None,
+            start_alone: None,
             priority: None,
             prefetch: Vec::new(),
             stop_grace: "2s".into(),
@@ -221,6 +227,12 @@ impl Model {
         }
         if let Some(p) = &self.placement {
             let _ = writeln!(s, "placement = {}", q(p));
+        }
+        if let Some(n) = &self.device_naming {
+            let _ = writeln!(s, "device_naming = {}", q(n));
+        }
+        if let Some(a) = self.start_alone {
+            let _ = writeln!(s, "start_alone = {a}");
         }
         if let Some(p) = self.priority {
             let _ = writeln!(s, "priority = {p}");

@@ -77,6 +77,17 @@ impl Home {
         fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default()
     }
 
+    /// What a replica printed (stdout and stderr): its log file under the state directory,
+    /// where the daemon puts replica output when there is no journald.
+    pub fn replica_log(&self, replica: &str) -> String {
+        let p = self
+            .dir
+            .path()
+            .join("state/logs")
+            .join(format!("{replica}.log"));
+        fs::read_to_string(p).unwrap_or_default()
+    }
+
     /// The last `n` lines of the log.
     pub fn log_tail(&self, n: usize) -> String {
         let log = self.log();

@@ -16,6 +16,8 @@ pub struct Stat {
     /// User and system CPU time so far, in clock ticks.
     pub utime: u64,
     pub stime: u64,
+    /// When it started, in clock ticks since boot (field 22).
+    pub start_ticks: u64,
 }
 
 pub fn stat(pid: i32) -> Option<Stat> {
@@ -30,6 +32,7 @@ pub fn stat(pid: i32) -> Option<Stat> {
         pgrp: int(2)?,
         utime: ticks(11)?,
         stime: ticks(12)?,
+        start_ticks: ticks(19)?,
     })
 }
 

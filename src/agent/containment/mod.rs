@@ -16,14 +16,17 @@
 //! other (a stable hash of the path), so that two daemons with their own state never touch each
 //! other's replicas; an abstract socket named after it keeps a second daemon of the same
 //! instance from starting. The names carry the replica id: what an earlier run left is found
-//! by listing them ([`Containment::leftovers`]), which the outlive issue turns into adoption.
+//! by listing them ([`Containment::leftovers`]); those the persisted ledger proves to be the
+//! processes that were started are adopted ([`Containment::claim`]), the rest stopped.
 
 mod cgroup;
+mod claim;
 mod gate;
 mod groups;
 pub mod listeners;
 pub mod procfs;
 mod scope;
+mod stopping;
 mod subtree;
 
 use std::collections::BTreeMap;
@@ -36,11 +39,13 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-pub use cgroup::Cgroup;
+pub use cgroup::{mount as cgroup2_mount, Cgroup};
 pub use gate::{ChildSide, Gate};
 
+use super::gpu_owner::CgroupIndex;
 use super::inbox::EventSink;
-use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal, Usage};
+use super::ledger::Saved;
+use crate::core::{Event, Ledger, ReplicaId, SpawnSpec, StopSignal, Usage};
 
 /// The default `state_dir`, whose instance is plain `hearth`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/hearth";
@@ -116,6 +121,8 @@ enum Backend {
 #[derive(Debug, Clone)]
 struct Entry {
     pid: u32,
+    /// The leader's start time (clock ticks since boot): with the pid, its identity.
+    start_ticks: u64,
     cgroup: Option<Cgroup>,
 }
 
@@ -148,6 +155,9 @@ pub struct Containment {
     live: Mutex<BTreeMap<ReplicaId, Entry>>,
     /// Spawns between fork and registration (see groups.rs).
     spawning: AtomicUsize,
+    /// Each live replica's cgroup, for the GPU monitor: a process on a GPU is the replica's when
+    /// it is in that cgroup, whatever process group or parent it has (TGI's shards).
+    gpu_owners: CgroupIndex,
     _lock: std::os::unix::net::UnixListener,
 }
 
@@ -207,6 +217,7 @@ impl Containment {
             instance,
             live: Mutex::new(BTreeMap::new()),
             spawning: AtomicUsize::new(0),
+            gpu_owners: CgroupIndex::default(),
             _lock: lock,
         };
         tracing::info!("containment: {}", c.describe());
@@ -214,6 +225,11 @@ impl Containment {
             tracing::info!("containment: not stronger because {}", why_not.join("; "));
         }
         Ok(c)
+    }
+
+    /// The replicas' cgroups, as the GPU monitor attributes processes by them.
+    pub fn gpu_owners(&self) -> CgroupIndex {
+        self.gpu_owners.clone()
     }
 
     pub fn mode(&self) -> Mode {
@@ -302,34 +318,6 @@ impl Containment {
         }
     }
 
-    /// At start: stops every leftover, saying what each held.
-    pub fn stop_leftovers(&self) {
-        for l in self.leftovers() {
-            let what = if l.processes.is_empty() {
-                "empty".to_string()
-            } else {
-                let procs: Vec<String> = l
-                    .processes
-                    .iter()
-                    .map(|(p, _)| procfs::describe(*p))
-                    .collect();
-                format!("{} process(es): {}", procs.len(), procs.join(", "))
-            };
-            match self.stop_leftover(&l) {
-                Ok(()) => tracing::warn!(
-                    replica = %l.replica,
-                    "stopped what an earlier run left in {}: {what}",
-                    l.location
-                ),
-                Err(e) => tracing::error!(
-                    replica = %l.replica,
-                    "could not stop what an earlier run left in {} ({what}): {e}",
-                    l.location
-                ),
-            }
-        }
-    }
-
     // ---- starting a replica --------------------------------------------------------------
 
     /// Before fork: the replica's cgroup, created empty (cgroup2 mode).
@@ -398,122 +386,19 @@ impl Containment {
     /// The child runs: from now on it is the replica's leader.
     pub fn register(&self, p: Placement, pid: u32) {
         let cgroup = p.cgroup.into_inner().unwrap_or_else(|e| e.into_inner());
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p.replica, Entry { pid, cgroup });
-    }
-
-    // ---- stopping ------------------------------------------------------------------------
-
-    /// SIGTERM goes to the leader's process group: the server's own graceful stop, as its
-    /// workers expect it; SIGKILL too, and then (`kill_rest`) to every process of the replica.
-    pub fn signal_group(&self, replica: &ReplicaId, pid: u32, signal: StopSignal) {
-        let sig = match signal {
-            StopSignal::Term => Signal::SIGTERM,
-            StopSignal::Kill => Signal::SIGKILL,
-        };
-        match killpg(Pid::from_raw(pid as i32), sig) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(replica = %replica, pid, "could not send {sig:?}: {e}"),
+        if let Some(cg) = &cgroup {
+            self.gpu_owners
+                .insert(cg.dir.display().to_string(), p.replica.clone());
         }
-    }
-
-    /// SIGKILL to every process of the replica but through its process group: its cgroup's
-    /// (`cgroup.kill`; a scope's processes one by one, since under systemd the cgroup file
-    /// system is read-only to hearth), or those the process-group walk finds. Blocking (it
-    /// reads /proc): off the event loop.
-    pub fn kill_rest(&self, replica: &ReplicaId) {
-        let entry = self.entry(replica);
-        match (
-            &self.backend,
-            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
-        ) {
-            (Backend::Subtree(_), Some(cg)) => {
-                let _ = cg.kill();
-            }
-            (Backend::Scopes(_), Some(cg)) => {
-                for p in cg.procs_recursive() {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-                }
-            }
-            (Backend::Groups(g), _) => {
-                if let Some(e) = &entry {
-                    for p in self.groups_members(g, replica, e.pid) {
-                        let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The leader has exited: whatever the replica left goes with it (setsid'd workers and
-    /// daemonized grandchildren included), and its cgroup or scope is removed. Blocking: waits
-    /// for the processes to be gone. What was killed, for the log.
-    pub fn release(&self, replica: &ReplicaId, pid: u32) -> Option<String> {
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        let entry = self.entry(replica);
-        let result = match (
-            &self.backend,
-            entry.as_ref().and_then(|e| e.cgroup.as_ref()),
-        ) {
-            (Backend::Subtree(_), Some(cg)) => cg.kill_and_remove(EMPTY_PATIENCE),
-            (Backend::Scopes(s), cg) => {
-                let n = cg.map_or(0, |c| c.procs_recursive().len());
-                s.stop(replica.as_str()).map(|()| n)
-            }
-            (Backend::Groups(g), _) => Ok(self.release_group(g, replica, pid)),
-            _ => Ok(0),
-        };
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(replica);
-        match result {
-            Ok(0) => None,
-            Ok(n) => Some(format!("killed {n} process(es) it left behind")),
-            Err(e) => Some(format!("could not clear what it left: {e}")),
-        }
-    }
-
-    fn release_group(&self, g: &groups::Groups, replica: &ReplicaId, leader: u32) -> usize {
-        let deadline = Instant::now() + EMPTY_PATIENCE;
-        let mut killed = std::collections::BTreeSet::new();
-        loop {
-            let left = self.groups_members(g, replica, leader);
-            if left.is_empty() || Instant::now() > deadline {
-                break;
-            }
-            for p in left {
-                killed.insert(p);
-                let _ = nix::sys::signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        g.forget(replica);
-        killed.len()
-    }
-
-    /// The replica's processes, by the process-group backend's walk (its leader included in
-    /// the walk even once it has exited, so that its orphans are still attributed to it).
-    fn groups_members(&self, g: &groups::Groups, replica: &ReplicaId, leader: u32) -> Vec<u32> {
-        let mut leaders = self.leaders();
-        leaders.insert(replica.clone(), leader);
-        let spawning = self.spawning.load(Ordering::Acquire) > 0;
-        g.scan(&leaders, spawning)
-            .remove(replica)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| procfs::stat(*p).is_some_and(|s| s.alive()))
-            .collect()
-    }
-
-    /// At exit: nothing of ours is left; the subtree goes if empty.
-    pub fn close(&self) {
-        if let Backend::Subtree(s) = &self.backend {
-            s.remove_if_empty();
-        }
+        let start_ticks = procfs::stat(pid).map_or(0, |s| s.start_ticks);
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            p.replica,
+            Entry {
+                pid,
+                start_ticks,
+                cgroup,
+            },
+        );
     }
 
     // ---- reading ---------------------------------------------------------------------------
@@ -524,6 +409,16 @@ impl Containment {
             .unwrap_or_else(|e| e.into_inner())
             .get(replica)
             .cloned()
+    }
+
+    /// The ids of the live replicas.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .map(|r| r.0.clone())
+            .collect()
     }
 
     fn leaders(&self) -> BTreeMap<ReplicaId, u32> {
@@ -624,18 +519,23 @@ impl Containment {
 /// orphans attributed and zombies reaped).
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// At start, off the event loop: picks the containment, then stops whatever an earlier run of
-/// this daemon left (before any replica of this run exists).
-pub async fn start(state_dir: &Path) -> anyhow::Result<Arc<Containment>> {
+/// At start, off the event loop: picks the containment, then adopts what an earlier run of
+/// this daemon left and `saved` proves, and stops the rest (before any replica of this run
+/// exists). The records of the adopted replicas, for the core.
+pub async fn start(
+    state_dir: &Path,
+    saved: Option<Saved>,
+) -> anyhow::Result<(Arc<Containment>, Ledger)> {
     let state_dir = state_dir.to_path_buf();
     let handle = tokio::runtime::Handle::current();
-    let c = tokio::task::spawn_blocking(move || -> anyhow::Result<Containment> {
-        let c = Containment::open(&state_dir, handle)?;
-        c.stop_leftovers();
-        Ok(c)
-    })
-    .await??;
-    Ok(Arc::new(c))
+    let (c, ledger) =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<(Containment, Ledger)> {
+            let c = Containment::open(&state_dir, handle)?;
+            let ledger = c.claim(saved);
+            Ok((c, ledger))
+        })
+        .await??;
+    Ok((Arc::new(c), ledger))
 }
 
 /// Samples replicas' usage on a thread of its own until `stop` is set or the loop is gone.

@@ -38,20 +38,31 @@ pub async fn run(
     client: &reqwest::Client,
     url: &str,
     format: ScrapeFormat,
+    models: &[String],
     timeout: Duration,
 ) -> Result<ScrapedQueue, String> {
     let text = fetch(client, url, timeout).await?;
-    derive(&text, format)
+    derive_for(&text, format, models)
 }
 
 /// The queue from one exposition, by format.
 pub fn derive(text: &str, format: ScrapeFormat) -> Result<ScrapedQueue, String> {
+    derive_for(text, format, &[])
+}
+
+/// The queue from one exposition, by format; `models`: Triton's models whose request counters
+/// count (empty: all).
+pub fn derive_for(
+    text: &str,
+    format: ScrapeFormat,
+    models: &[String],
+) -> Result<ScrapedQueue, String> {
     let e = Exposition::parse(text)?;
     match format {
         ScrapeFormat::Vllm => vllm::queue(&e),
         ScrapeFormat::Llamacpp => llamacpp::queue(&e),
         ScrapeFormat::Tgi => tgi::queue(&e),
-        ScrapeFormat::Triton => triton::queue(&e),
+        ScrapeFormat::Triton => triton::queue_of(&e, models),
     }
 }
 
@@ -355,6 +366,7 @@ mod tests {
             &client,
             &url,
             ScrapeFormat::Llamacpp,
+            &[],
             Duration::from_secs(2),
         )
         .await
@@ -371,6 +383,7 @@ mod tests {
             &client,
             &url,
             ScrapeFormat::Vllm,
+            &[],
             Duration::from_millis(300),
         )
         .await
@@ -386,14 +399,26 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             format!("http://{}/metrics", l.local_addr().unwrap())
         };
-        let err = run(&client, &closed, ScrapeFormat::Tgi, Duration::from_secs(1))
-            .await
-            .unwrap_err();
+        let err = run(
+            &client,
+            &closed,
+            ScrapeFormat::Tgi,
+            &[],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, "connection refused");
         let url = serve_once(Some(http("503 Service Unavailable", "loading"))).await;
-        let err = run(&client, &url, ScrapeFormat::Tgi, Duration::from_secs(1))
-            .await
-            .unwrap_err();
+        let err = run(
+            &client,
+            &url,
+            ScrapeFormat::Tgi,
+            &[],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
         assert!(err.ends_with("HTTP 503"), "{err}");
     }
 
@@ -402,9 +427,15 @@ mod tests {
         let big = "x 1\n".repeat(MAX_BODY / 4 + 1);
         let url = serve_once(Some(http("200 OK", &big))).await;
         let client = crate::agent::probe::client();
-        let err = run(&client, &url, ScrapeFormat::Triton, Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let err = run(
+            &client,
+            &url,
+            ScrapeFormat::Triton,
+            &[],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
         assert!(err.contains("larger than"), "{err}");
     }
 }

@@ -19,6 +19,14 @@
 //!   mean would hide the real queue; there the bound alone speaks.
 //! - `completed` = Σ `nv_inference_request_success` + Σ `nv_inference_request_failure`.
 //! - `arrived`: none; Triton counts no arrivals.
+//!
+//! Ensembles: Triton counts a request once for every model it passes through (the ensemble and
+//! each of its steps), so summing the counters of all models counts one request several times,
+//! and Σ queue time over Σ requests is a per-step mean, not a per-request one. With
+//! `[model.signal] models = ["ENSEMBLE"]` the counters (`queue_time`, `completed`) are those of
+//! the named models alone, the ones clients call; the ensemble's queue duration is what its
+//! requests waited in its steps' queues. `queue_depth` still sums every model: a waiting request
+//! waits in one queue at a time.
 
 use super::{Exposition, Point};
 use crate::core::{QueueTime, ScrapedQueue};
@@ -29,7 +37,25 @@ fn trtllm(kind: &'static str) -> impl Fn(&Point) -> bool {
     move |p| p.label("request_type") == Some(kind)
 }
 
+#[cfg(test)]
 pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
+    queue_of(e, &[])
+}
+
+/// The queue, with the request counters of `models` alone (empty: every model).
+pub fn queue_of(e: &Exposition, models: &[String]) -> Result<ScrapedQueue, String> {
+    let called = |p: &Point| {
+        models.is_empty()
+            || p.label("model")
+                .is_some_and(|m| models.iter().any(|n| n == m))
+    };
+    if !models.is_empty() && !e.points("nv_inference_request_success").iter().any(&called) {
+        return Err(format!(
+            "{FORMAT}: none of the models {models:?} is on the page (nv_inference_request_success)"
+        ));
+    }
+    let sum = |name: &str| e.sum_where(name, called);
+    let count = |name: &str| sum(name).and_then(super::to_count);
     let pending = e.require_count("nv_inference_pending_request_count", FORMAT)?;
     let count_where = |kind| {
         e.sum_where("nv_trt_llm_request_metrics", trtllm(kind))
@@ -40,8 +66,8 @@ pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
     let queue_depth = pending + trt_waiting.unwrap_or(0);
     let queue_time = match (
         trt_waiting,
-        e.sum("nv_inference_queue_duration_us"),
-        e.count("nv_inference_request_success"),
+        sum("nv_inference_queue_duration_us"),
+        count("nv_inference_request_success"),
     ) {
         (None, Some(us), Some(count)) if us >= 0.0 => Some(QueueTime {
             total_ms: us / 1000.0,
@@ -49,9 +75,8 @@ pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
         }),
         _ => None,
     };
-    let completed = e
-        .count("nv_inference_request_success")
-        .map(|ok| ok + e.count("nv_inference_request_failure").unwrap_or(0));
+    let completed = count("nv_inference_request_success")
+        .map(|ok| ok + count("nv_inference_request_failure").unwrap_or(0));
     Ok(ScrapedQueue {
         queue_depth,
         in_flight: queue_depth + trt_active,
@@ -79,6 +104,34 @@ mod tests {
         let qt = q.queue_time.unwrap();
         assert_eq!(qt.count, 240);
         assert!((qt.total_ms - 6_002.0).abs() < 1e-9, "{}", qt.total_ms);
+    }
+
+    #[test]
+    fn an_ensemble_s_requests_count_once() {
+        // `preprocess` → `llama` behind the ensemble `ens`: 120 requests, each counted by all
+        // three models; the ensemble's queue time is its steps' together.
+        let page = TRITON
+            .replace(
+                "nv_inference_request_success{model=\"preprocess\",version=\"1\"} 120\n",
+                "nv_inference_request_success{model=\"preprocess\",version=\"1\"} 120\n\
+             nv_inference_request_success{model=\"ens\",version=\"1\"} 120\n",
+            )
+            .replace(
+                "nv_inference_queue_duration_us{model=\"preprocess\",version=\"1\"} 2000\n",
+                "nv_inference_queue_duration_us{model=\"preprocess\",version=\"1\"} 2000\n\
+             nv_inference_queue_duration_us{model=\"ens\",version=\"1\"} 6002000\n",
+            );
+        let e = Exposition::parse(&page).unwrap();
+        let all = queue(&e).unwrap();
+        assert_eq!(all.queue_time.unwrap().count, 360, "every step counted");
+        let ens = queue_of(&e, &["ens".to_string()]).unwrap();
+        let qt = ens.queue_time.unwrap();
+        assert_eq!(qt.count, 120, "each request once");
+        assert!((qt.total_ms - 6_002.0).abs() < 1e-9, "{}", qt.total_ms);
+        assert_eq!(ens.completed, Some(120));
+        assert_eq!(ens.queue_depth, 4, "waiting requests in every step's queue");
+        let err = queue_of(&e, &["nope".to_string()]).unwrap_err();
+        assert!(err.contains("nope"), "{err}");
     }
 
     #[test]

@@ -576,10 +576,14 @@ fn the_example_says_to_run_the_readmes_first_command() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let example = std::fs::read_to_string(root.join("config.toml.example")).unwrap();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let command =
-        "cargo build --release && PATH=\"$PWD/target/release:$PATH\" hearth daemon --config config.toml.example";
-    assert!(example.contains(command), "config.toml.example");
-    assert!(readme.contains(command), "README.md");
+    for command in [
+        "cargo build --release && export PATH=\"$PWD/target/release:$PATH\"",
+        "hearth daemon --config config.toml.example & hearth route --config config.toml.example",
+        "curl -s localhost:8080/v1/completions",
+    ] {
+        assert!(example.contains(command), "config.toml.example: {command}");
+        assert!(readme.contains(command), "README.md: {command}");
+    }
     assert!(
         !example.contains("cargo run"),
         "cargo run puts no `hearth` on PATH"

@@ -2,8 +2,10 @@
 //! (`checks`: declared models, ports, GPU fit, programs) and placeholders.
 
 mod checks;
+mod fuzz;
 mod launch;
 mod placeholders;
+mod route;
 mod values;
 
 use std::path::Path;

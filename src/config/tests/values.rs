@@ -680,3 +680,35 @@ fn serde_errors_inside_inline_tables_and_arrays_name_the_key() {
     let m = fails("[daemon]\ntick = \"1s\"\ntick = \"2s\"\n", "-", 3);
     assert!(m.contains("duplicate"), "{m}");
 }
+
+#[test]
+fn signal_models_are_for_triton_only_and_bounded() {
+    let with = |format: &str, models: &str| {
+        format!(
+            "{}[model.signal]\nscrape = \"http://127.0.0.1:{{port}}/metrics\"\nformat = \"{format}\"\nmodels = {models}\n",
+            model("a")
+        )
+    };
+    let text = with("triton", "[\"ens\"]");
+    let c = parse(&text).unwrap();
+    let s = c.models[0].signal.as_ref().unwrap();
+    assert_eq!(s.models, vec!["ens".to_string()]);
+    for (format, models) in [
+        ("vllm", "[\"ens\"]"),
+        ("triton", "[]"),
+        ("triton", "[\" \"]"),
+    ] {
+        let text = with(format, models);
+        fails(&text, "model[0].signal.models", line_of(&text, "models", 0));
+    }
+    let text = format!(
+        "{}[model.signal]\nscrape = \"http://127.0.0.1:{{port}}/metrics\"\nformat = \"triton\"\n",
+        model("a")
+    );
+    assert!(parse(&text).unwrap().models[0]
+        .signal
+        .as_ref()
+        .unwrap()
+        .models
+        .is_empty());
+}

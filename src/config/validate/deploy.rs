@@ -7,7 +7,7 @@
 use super::{fit, At, Cx, Marks, Res};
 use crate::config::placeholders::placeholders_in;
 use crate::config::raw::join;
-use crate::config::{GpuBackend, GpusConfig, ModelConfig, StaticDevice};
+use crate::config::{DeviceNaming, GpuBackend, GpusConfig, ModelConfig, StaticDevice};
 use crate::units::short_bytes;
 
 /// Beyond this many declared devices the fit is not judged (no host has them; the work stays
@@ -41,10 +41,44 @@ impl Cx<'_> {
                 self.url_uses_port(&u.key, u.at.clone(), &u.url)?;
             }
         }
+        if gpus.backend != GpuBackend::Nvml {
+            self.mig_named_by_uuid(&gpus.devices, models, marks)?;
+        }
         // With NVML (or `auto`, which may find it) the devices are known only at run time; the
         // daemon reports a model that does not fit as no_capacity.
         if gpus.backend == GpuBackend::Static {
             self.minimums_fit(&gpus.devices, models, marks)?;
+        }
+        Ok(())
+    }
+
+    /// CUDA names a MIG instance only by its UUID: a declared MIG instance (`MIG-…`) and a GPU
+    /// model that names its devices by index cannot go together. (With NVML the instances are
+    /// known at run time, when such a model is simply not placed on one, and says why.)
+    fn mig_named_by_uuid(
+        &self,
+        devices: &[StaticDevice],
+        models: &[ModelConfig],
+        marks: &[Marks],
+    ) -> Res<()> {
+        let Some(mig) = devices.iter().find(|d| d.uuid.starts_with("MIG-")) else {
+            return Ok(());
+        };
+        for (m, mark) in models.iter().zip(marks) {
+            if m.launch.gpus == 0 || m.launch.device_naming != DeviceNaming::Index {
+                continue;
+            }
+            return Err(self.err(
+                &join(&mark.key, "device_naming"),
+                mark.device_naming.clone(),
+                format!(
+                    "the declared devices include MIG instance {:?}, which CUDA can name only by \
+                     UUID, and this model names its devices by index (device_naming = \
+                     \"index\", the default); set device_naming = \"uuid\" (a server that \
+                     cannot read UUIDs, such as vLLM, cannot run on MIG instances)",
+                    mig.uuid
+                ),
+            ));
         }
         Ok(())
     }

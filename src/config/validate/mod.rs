@@ -7,6 +7,7 @@ mod deploy;
 pub(in crate::config) mod fit;
 mod host;
 mod model;
+mod route;
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -42,6 +43,8 @@ pub(super) struct Marks {
     pub program: At,
     pub gpus: At,
     pub gpu_memory: At,
+    /// `device_naming`, or the model when it is left out.
+    pub device_naming: At,
     pub min: At,
     /// The warm-up, liveness and scrape URLs.
     pub urls: Vec<UrlMark>,
@@ -120,6 +123,19 @@ impl<'a> Cx<'a> {
         Ok(bytes)
     }
 
+    /// An integer within `lo..=hi`.
+    pub(super) fn bounded(&self, key: &str, raw: &Spanned<i64>, lo: i64, hi: i64) -> Res<i64> {
+        let n = *raw.get_ref();
+        if n < lo || n > hi {
+            return Err(self.err(
+                key,
+                Some(raw.span()),
+                format!("{n} is out of range: {lo} to {hi}"),
+            ));
+        }
+        Ok(n)
+    }
+
     /// A string that must not be empty (after trimming, with `trim`).
     pub(super) fn nonempty(&self, key: &str, raw: &Spanned<String>, message: &str) -> Res<()> {
         if raw.get_ref().trim().is_empty() {
@@ -193,6 +209,7 @@ impl<'a> Cx<'a> {
         let daemon = self.daemon(raw.daemon.map(Spanned::into_inner))?;
         let access = self.access(raw.access.map(Spanned::into_inner))?;
         let gpus = self.gpus(raw.gpus)?;
+        let raw_route = raw.route;
         let Some(raw_models) = raw.model else {
             return Err(self.err(
                 "model",
@@ -230,6 +247,7 @@ impl<'a> Cx<'a> {
                 ),
             ));
         }
+        let route = self.route(raw_route, &models)?;
         if self.checks >= Checks::Deployment {
             self.deployment(&gpus, &models, &marks)?;
         }
@@ -242,6 +260,7 @@ impl<'a> Cx<'a> {
             access,
             gpus,
             models,
+            route,
         })
     }
 

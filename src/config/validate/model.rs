@@ -10,8 +10,8 @@ use crate::config::raw::{
     index, join, Opt, RawLiveness, RawModel, RawScaling, RawSignal, RawWarmup, Templates,
 };
 use crate::config::{
-    defaults, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig, ScrapeFormat,
-    SignalConfig, WarmPool, WarmupConfig,
+    defaults, DeviceNaming, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig,
+    ScrapeFormat, SignalConfig, WarmPool, WarmupConfig,
 };
 
 /// `env` or `headers` as the typed config holds them.
@@ -122,6 +122,16 @@ impl Cx<'_> {
                 &[("pack", Placement::Pack), ("spread", Placement::Spread)],
             )?,
         };
+        let device_naming = match &raw.device_naming {
+            None => defaults::device_naming(),
+            Some(s) => self.choice(
+                &k("device_naming"),
+                s,
+                "a device naming",
+                &[("index", DeviceNaming::Index), ("uuid", DeviceNaming::Uuid)],
+            )?,
+        };
+        self.env_leaves_devices_to_hearth(&k("env"), &raw.env, device_naming)?;
         let stop_grace =
             self.duration(&k("stop_grace"), &raw.stop_grace, Duration::from_secs(30))?;
         let mut urls = Vec::new();
@@ -148,6 +158,7 @@ impl Cx<'_> {
             program: Some(program.span()),
             gpus: at(&raw.gpus).or_else(|| here.clone()),
             gpu_memory: at(&raw.gpu_memory).or_else(|| here.clone()),
+            device_naming: at(&raw.device_naming).or_else(|| here.clone()),
             min: min_at,
             urls,
         };
@@ -169,19 +180,62 @@ impl Cx<'_> {
                 .unwrap_or_else(defaults::gpus),
             gpu_memory,
             placement,
+            device_naming,
             prefetch: raw.prefetch.map(Spanned::into_inner).unwrap_or_default(),
             warmup,
+        };
+        let slots = match &raw.slots {
+            None => crate::route::settings::DEFAULT_SLOTS,
+            Some(v) => self.bounded(
+                &k("slots"),
+                v,
+                1,
+                i64::from(crate::route::settings::MAX_SLOTS),
+            )? as u32,
         };
         let config = ModelConfig {
             name: name.get_ref().clone(),
             launch,
+            start_alone: raw.start_alone.map(Spanned::into_inner).unwrap_or(true),
             priority: raw.priority.map(Spanned::into_inner).unwrap_or(0),
+            slots,
             stop_grace,
             liveness,
             signal,
             scaling,
         };
         Ok((config, marks))
+    }
+
+    /// hearth names the replica's devices from its placement: `env` may not set the variables
+    /// that would name others (a server would then use GPUs hearth reserved for someone else).
+    fn env_leaves_devices_to_hearth(
+        &self,
+        key: &str,
+        env: &Opt<Templates>,
+        naming: DeviceNaming,
+    ) -> Res<()> {
+        let Some(env) = env else { return Ok(()) };
+        for name in env.get_ref().keys() {
+            let n = name.get_ref().as_str();
+            let why = match n {
+                "CUDA_VISIBLE_DEVICES" | "NVIDIA_VISIBLE_DEVICES" => format!(
+                    "hearth sets {n} to the devices it placed the replica on, and its value \
+                     always wins; choose how the devices are named with device_naming = \
+                     \"index\" (NVML indices, what vLLM needs) or \"uuid\"; the UUIDs are also \
+                     in {{gpus}}"
+                ),
+                "CUDA_DEVICE_ORDER" if naming == DeviceNaming::Index => format!(
+                    "with device_naming = \"index\" hearth sets {n}=PCI_BUS_ID, so that CUDA \
+                     numbers devices as NVML does; another order would hand the replica \
+                     devices it was not placed on (use device_naming = \"uuid\" to leave \
+                     {n} to the server)"
+                ),
+                _ => continue,
+            };
+            return Err(self.err(&join(key, n), Some(name.span()), why));
+        }
+        Ok(())
     }
 
     /// A URL of the model: checked now, and remembered for the `{port}` check.
@@ -348,9 +402,30 @@ impl Cx<'_> {
             "the metrics URL, e.g. \"http://127.0.0.1:{port}/metrics\"",
         )?;
         let scrape = self.model_url(k("scrape"), scrape, urls)?;
+        let models =
+            match &raw.models {
+                None => Vec::new(),
+                Some(m) if format != ScrapeFormat::Triton => return Err(self.err(
+                    &k("models"),
+                    Some(m.span()),
+                    "only Triton serves several models behind one metrics page; leave models out",
+                )),
+                Some(m) if m.get_ref().is_empty() || m.get_ref().len() > 64 => {
+                    return Err(self.err(
+                        &k("models"),
+                        Some(m.span()),
+                        "between 1 and 64 Triton model names (leave the key out for every model)",
+                    ))
+                }
+                Some(m) if m.get_ref().iter().any(|n| n.trim().is_empty()) => {
+                    return Err(self.err(&k("models"), Some(m.span()), "a model name is empty"))
+                }
+                Some(m) => m.get_ref().clone(),
+            };
         Ok(SignalConfig {
             scrape,
             format,
+            models,
             interval: self.nonzero_duration(
                 &k("interval"),
                 &raw.interval,

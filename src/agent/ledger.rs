@@ -1,0 +1,203 @@
+//! What outlives a run of the daemon: `state_dir/replicas.json`, the core's [`Ledger`] of every
+//! replica with a process, plus the shell's proof of each process (pid, start time, cgroup).
+//! Rewritten (atomically, fsync'd, off the event loop) whenever a replica's process or state
+//! changes, so that after a `kill -9`, an OOM kill or a crash the next run can find, prove and
+//! adopt the replicas (issue 14). A planned hand-over (`hearth upgrade`, or a panic) writes the
+//! same document, synchronously, to `state_dir/handover.json` just before the re-exec.
+//!
+//! The document is versioned ([`FORMAT`]). A reader that does not know the version adopts
+//! nothing from it: what it found alive is stopped, never taken on trust.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::Ledger;
+
+/// The version of the document this binary writes and reads.
+pub const FORMAT: u32 = 1;
+const FILE: &str = "replicas.json";
+const HANDOVER: &str = "handover.json";
+/// Larger files are not read: 32 replicas take about 40 KiB.
+const MAX_BYTES: u64 = 16 << 20;
+
+/// The shell's proof that a replica's leader is the process that was started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proof {
+    pub pid: u32,
+    /// Its start time, in clock ticks since boot (/proc/PID/stat field 22): a reused pid has
+    /// another.
+    pub start_ticks: u64,
+    /// Its cgroup directory (or the scope's).
+    pub cgroup: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saved {
+    pub format: u32,
+    /// The binary that wrote it (`hearth version`), for the log.
+    #[serde(default)]
+    pub written_by: String,
+    #[serde(default)]
+    pub ledger: Ledger,
+    /// By replica id.
+    #[serde(default)]
+    pub proofs: BTreeMap<String, Proof>,
+}
+
+impl Saved {
+    pub fn new(ledger: Ledger, proofs: BTreeMap<String, Proof>) -> Saved {
+        Saved {
+            format: FORMAT,
+            written_by: env!("CARGO_PKG_VERSION").to_string(),
+            ledger,
+            proofs,
+        }
+    }
+}
+
+pub fn path(state_dir: &Path) -> PathBuf {
+    state_dir.join(FILE)
+}
+
+pub fn handover_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(HANDOVER)
+}
+
+/// Reads a saved document: None if there is none; an error says why one cannot be used.
+pub fn read(path: &Path) -> Result<Option<Saved>, String> {
+    let f = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > MAX_BYTES {
+        return Err(format!(
+            "{}: {len} bytes, more than any ledger",
+            path.display()
+        ));
+    }
+    let text = std::io::read_to_string(f).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The version first, so that a document of another version says so rather than failing on
+/// some field.
+pub fn parse(text: &str) -> Result<Saved, String> {
+    #[derive(Deserialize)]
+    struct Head {
+        format: u32,
+    }
+    let head: Head = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
+    if head.format != FORMAT {
+        return Err(format!(
+            "format {} (this binary reads format {FORMAT})",
+            head.format
+        ));
+    }
+    serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))
+}
+
+/// Writes `bytes` to `path` so that a crash at any moment leaves the old file or the new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("json.tmp");
+    let _ = fs::remove_file(&tmp);
+    {
+        // The launch specs hold the models' environment (tokens, keys): the daemon's alone.
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+/// Writes the ledger off the event loop: the loop hands over the latest document and goes on;
+/// a writer thread writes the newest it has (older ones it never got to are skipped).
+#[derive(Clone)]
+pub struct Persister {
+    slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)>,
+}
+
+impl Persister {
+    pub fn start(state_dir: &Path) -> Persister {
+        let slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)> = Arc::default();
+        let (s, p) = (slot.clone(), path(state_dir));
+        let started = std::thread::Builder::new()
+            .name("hearth-ledger".into())
+            .spawn(move || loop {
+                let bytes = {
+                    let (lock, cv) = &*s;
+                    let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    loop {
+                        if let Some(b) = g.take() {
+                            break b;
+                        }
+                        g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                    }
+                };
+                if let Err(e) = write_atomic(&p, &bytes) {
+                    tracing::error!(
+                        "saving {}: {e}; a restart could not adopt what changed",
+                        p.display()
+                    );
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!("could not start the ledger writer: {e}");
+        }
+        Persister { slot }
+    }
+
+    pub fn save(&self, bytes: Vec<u8>) {
+        let (lock, cv) = &*self.slot;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes);
+        cv.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_format_is_refused_by_name_and_a_round_trip_is_equal() {
+        let saved = Saved::new(Ledger::default(), BTreeMap::new());
+        let text = serde_json::to_string(&saved).unwrap();
+        assert_eq!(parse(&text).unwrap(), saved);
+        let newer = text.replace("\"format\":1", "\"format\":2");
+        let e = parse(&newer).unwrap_err();
+        assert!(e.contains("format 2"), "{e}");
+        assert!(parse("{").unwrap_err().contains("unreadable"));
+        assert!(parse("[]").is_err());
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_the_file_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert!(!p.with_extension("json.tmp").exists());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}

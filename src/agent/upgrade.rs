@@ -1,0 +1,187 @@
+//! Replacing the running daemon without stopping a replica (issue 14): `hearth upgrade`, and the
+//! re-exec that ends a panic.
+//!
+//! The daemon re-executes itself in place: the binary now at the path it was started from, the
+//! same arguments, the same pid, so replicas stay its children. Before it does, it writes the
+//! hand-over (`state_dir/handover.json`: ledger.rs's versioned document, fsync'd) and leaves
+//! the control socket's listening descriptor open across the exec. The new binary reads the
+//! hand-over and adopts every replica in its role at once; connections waiting in the socket's
+//! backlog are answered by it, watch clients reconnect to an equal snapshot.
+//!
+//! What can go wrong falls back without a replica dying: an exec that fails leaves the old
+//! binary running; a new binary that cannot read the hand-over's format adopts after a warm-up
+//! from `replicas.json`, or stops what it cannot prove; a new binary that does not start at all
+//! leaves the replicas serving (they have no PDEATHSIG in a cgroup) until the daemon is started
+//! again and adopts them.
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use super::ledger::{self, Saved};
+use crate::core::Adoption;
+
+/// Set on the re-executed daemon: the hand-over file to read.
+pub const HANDOVER_ENV: &str = "HEARTH_HANDOVER";
+/// Set on the re-executed daemon: the control socket's listening descriptor.
+pub const LISTEN_FD_ENV: &str = "HEARTH_LISTEN_FD";
+/// How many times in a row the daemon re-executed itself after a panic.
+pub const PANIC_REEXECS_ENV: &str = "HEARTH_PANIC_REEXECS";
+/// A daemon that panicked this many times in a row exits instead (its service manager restarts
+/// it, and the next run adopts the replicas all the same).
+pub const MAX_PANIC_REEXECS: u32 = 3;
+
+/// The state the previous run left: its hand-over (planned: roles kept) when this process is
+/// its re-exec and can read it, else the ledger it kept saving (warm-up first).
+pub fn saved_state(state_dir: &Path) -> (Adoption, Option<Saved>) {
+    if let Some(path) = std::env::var_os(HANDOVER_ENV).map(PathBuf::from) {
+        // SAFETY: at start, before any thread of ours reads the environment.
+        unsafe { std::env::remove_var(HANDOVER_ENV) };
+        let read = ledger::read(&path);
+        let _ = std::fs::remove_file(&path);
+        match read {
+            Ok(Some(s)) => {
+                tracing::info!(
+                    "taking over from the previous binary ({}): {} replica(s) handed over",
+                    s.written_by,
+                    s.ledger.replicas.len()
+                );
+                return (Adoption::HandedOver, Some(s));
+            }
+            Ok(None) => tracing::warn!("hand-over {} is missing", path.display()),
+            Err(e) => tracing::warn!(
+                "cannot use the hand-over ({e}); adopting from the saved ledger after warm-ups"
+            ),
+        }
+    }
+    let path = ledger::path(state_dir);
+    match ledger::read(&path) {
+        Ok(s) => (Adoption::Found, s),
+        Err(e) => {
+            tracing::warn!(
+                "cannot use the saved ledger ({e}): what an earlier run left is stopped"
+            );
+            (Adoption::Found, None)
+        }
+    }
+}
+
+/// The listening socket handed over by the previous binary, if this process is its re-exec.
+pub fn inherited_listener() -> Option<std::os::unix::net::UnixListener> {
+    use std::os::fd::FromRawFd;
+    let fd: RawFd = std::env::var(LISTEN_FD_ENV).ok()?.parse().ok()?;
+    // SAFETY: at start, before any thread of ours reads the environment.
+    unsafe { std::env::remove_var(LISTEN_FD_ENV) };
+    if fd < 3 {
+        return None;
+    }
+    // The descriptor must be a listening Unix socket, not whatever happens to have that number.
+    let is_listener = nix::sys::socket::getsockopt(
+        &unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::sys::socket::sockopt::AcceptConn,
+    )
+    .unwrap_or(false);
+    if !is_listener {
+        return None;
+    }
+    // SAFETY: checked to be an open listening socket that nothing else in this process owns.
+    let l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    let _ = nix::fcntl::fcntl(
+        &l,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    Some(l)
+}
+
+/// The binary and the arguments this process was started with: what a re-exec runs. Taken at
+/// start, while /proc/self/exe still names a file (an upgrade replaces it).
+#[derive(Debug, Clone)]
+pub struct Reexec {
+    pub exe: PathBuf,
+    pub args: Vec<std::ffi::OsString>,
+}
+
+impl Reexec {
+    pub fn current() -> Option<Reexec> {
+        Some(Reexec {
+            exe: std::env::current_exe().ok()?,
+            args: std::env::args_os().collect(),
+        })
+    }
+
+    /// Replaces this process with the binary now at `exe`, with `env` added. Returns only if
+    /// the exec failed (the old binary keeps running).
+    pub fn exec(&self, env: &[(&str, String)]) -> std::io::Error {
+        use std::os::unix::ffi::OsStrExt;
+        for (k, v) in env {
+            // SAFETY: the process is about to be replaced; no other thread reads the
+            // environment meanwhile in a way that matters (a failed exec leaves these set,
+            // and the supervisor never passes them to replicas).
+            unsafe { std::env::set_var(k, v) };
+        }
+        let cstr = |b: &[u8]| CString::new(b).ok();
+        let Some(exe) = cstr(self.exe.as_os_str().as_bytes()) else {
+            return std::io::Error::other("the binary's path has a NUL");
+        };
+        let args: Option<Vec<CString>> = self.args.iter().map(|a| cstr(a.as_bytes())).collect();
+        let Some(args) = args else {
+            return std::io::Error::other("an argument has a NUL");
+        };
+        match nix::unistd::execv(&exe, &args) {
+            Ok(never) => match never {},
+            Err(e) => std::io::Error::from(e),
+        }
+    }
+
+    /// Whether the binary at `exe` can be executed now.
+    pub fn check(&self) -> Result<(), String> {
+        nix::unistd::access(&self.exe, nix::unistd::AccessFlags::X_OK)
+            .map_err(|e| format!("{}: {e}", self.exe.display()))
+    }
+}
+
+/// How many panics in a row led to this process (read once at start, then cleared).
+pub fn panic_reexecs() -> u32 {
+    let n = std::env::var(PANIC_REEXECS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: at start, before the runtime's threads exist.
+    unsafe { std::env::remove_var(PANIC_REEXECS_ENV) };
+    n
+}
+
+/// A run this long counts as healthy: a panic after it starts the count again.
+const HEALTHY_RUN: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The daemon's task panicked: re-execute (no hand-over: the next run adopts from the saved
+/// ledger, warm-up first). Returns if it must not (too many in a row) or could not.
+pub fn after_panic(reexec: Option<&Reexec>, before: u32, started: std::time::Instant) {
+    let n = if started.elapsed() > HEALTHY_RUN {
+        1
+    } else {
+        before + 1
+    };
+    let Some(r) = reexec else {
+        return;
+    };
+    if n > MAX_PANIC_REEXECS {
+        tracing::error!("the daemon panicked {n} times in a row: exiting; its replicas keep serving until the next start adopts them");
+        return;
+    }
+    tracing::error!("the daemon panicked: re-executing to adopt its replicas ({n} of {MAX_PANIC_REEXECS} in a row)");
+    let err = r.exec(&[(PANIC_REEXECS_ENV, n.to_string())]);
+    tracing::error!("re-executing after the panic failed: {err}");
+}
+
+/// Clears close-on-exec on `fd` so that it survives the exec.
+pub fn keep_across_exec(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: the fd is owned elsewhere and outlives this call.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    nix::fcntl::fcntl(
+        b,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .map(|_| ())
+    .map_err(std::io::Error::from)
+}

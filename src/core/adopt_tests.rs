@@ -1,0 +1,298 @@
+//! Adoption with virtual time: replicas of an earlier run taken back in their roles, re-verified
+//! first after an unplanned death, stopped when they no longer match; no cold start for any
+//! that matches.
+
+use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
+use super::*;
+
+fn two_models(a_command: &str) -> String {
+    let a = model("a", "", "min = 2\nmax = 8\nwarm_pool = 1")
+        .replace("gpus = 0", "gpus = 1\ngpu_memory = \"10GiB\"")
+        .replace("\"server\"", &format!("\"{a_command}\""));
+    let b = model("b", "", "min = 1\nmax = 4\nwarm_pool = 0");
+    format!("{BASE}{a}{b}")
+}
+
+/// A settled node of `toml` (a: 2 routed + 1 warm on GPUs; b: 1 routed) and its ledger.
+fn earlier_run(toml: &str) -> (Harness, Ledger) {
+    let mut h = Harness::new(toml);
+    let first = h.log.clone();
+    h.settle(first);
+    assert_eq!(h.in_state("a", ReplicaState::Routed).len(), 2);
+    assert_eq!(h.in_state("a", ReplicaState::Warm).len(), 1);
+    let ledger = h.node.ledger();
+    (h, ledger)
+}
+
+fn probes(actions: &[Action], kind: ProbeKind) -> Vec<ReplicaId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Probe {
+                replica,
+                kind: k,
+                after,
+                ..
+            } if *k == kind => {
+                assert!(after.is_zero(), "adopted replicas are probed at once");
+                Some(replica.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn pids(h: &Harness) -> Vec<(ReplicaId, Option<u32>, ReplicaState)> {
+    h.node
+        .replicas
+        .values()
+        .map(|r| (r.id.clone(), r.pid, r.state))
+        .collect()
+}
+
+#[test]
+fn found_replicas_are_re_verified_then_take_their_roles_back_without_a_cold_start() {
+    let toml = two_models("server");
+    let (old, ledger) = earlier_run(&toml);
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger: ledger.clone(),
+    });
+    let mut verifying = probes(&out, ProbeKind::Warmup);
+    verifying.sort();
+    assert_eq!(verifying.len(), 4, "every replica is re-verified: {out:?}");
+    assert!(
+        routed_sets(&out).iter().all(|s| s.is_empty()),
+        "nothing routed before its warm-up"
+    );
+    let mut all = out;
+    all.extend(h.send(Event::Tick));
+    // The one that was warm answers first: it must not take a routed one's place.
+    let was_warm = old.in_state("a", ReplicaState::Warm);
+    verifying.sort_by_key(|id| !was_warm.contains(id));
+    all.extend(h.run_for(std::time::Duration::from_secs(3)));
+    assert_eq!(
+        spawns(&all),
+        0,
+        "no cold start while the adopted ones verify"
+    );
+    for id in &verifying {
+        all.extend(h.warm(id));
+    }
+    all.extend(h.run_for(std::time::Duration::from_secs(3)));
+    assert_eq!(spawns(&all), 0, "no cold start at all");
+    assert_eq!(pids(&h), pids(&old), "the same replicas, pids and roles");
+    assert!(
+        !all.iter().any(|a| matches!(
+            a,
+            Action::Ready {
+                how: Readiness::Cold(_),
+                ..
+            }
+        )),
+        "an adopted warm-up is not a time-to-ready sample"
+    );
+    // GPU reservations are the earlier run's.
+    let st = h.node.status(None, h.now);
+    let ost = old.node.status(None, old.now);
+    let reserved = |s: &crate::protocol::StatusView| {
+        s.gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.memory_reserved))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(reserved(&st), reserved(&ost));
+    // A new replica continues the numbering.
+    let next = h.node.models["a"].next_n;
+    assert_eq!(next, old.node.models["a"].next_n);
+}
+
+#[test]
+fn handed_over_replicas_keep_their_roles_in_the_same_event() {
+    let toml = two_models("server");
+    let (old, ledger) = earlier_run(&toml);
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::HandedOver,
+        ledger,
+    });
+    assert!(probes(&out, ProbeKind::Warmup).is_empty(), "{out:?}");
+    assert_eq!(pids(&h), pids(&old));
+    let mut sets = routed_sets(&out);
+    sets.sort();
+    assert_eq!(
+        sets,
+        vec![vec!["a-1".to_string(), "a-2".into()], vec!["b-1".into()]]
+    );
+    let more = h.run_for(std::time::Duration::from_secs(5));
+    assert_eq!(spawns(&more), 0);
+    assert!(
+        routed_sets(&more).is_empty(),
+        "the routed set never changes"
+    );
+}
+
+#[test]
+fn a_model_changed_while_down_rolls_out_and_the_untouched_one_is_adopted() {
+    let (_, ledger) = earlier_run(&two_models("server"));
+    let mut h = Harness::bare(&two_models("server-v2"));
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    let mut stopped = signals(&out, StopSignal::Term);
+    stopped.sort();
+    assert_eq!(stopped, ["a-1", "a-2", "a-3"].map(|s| ReplicaId(s.into())));
+    assert_eq!(
+        probes(&out, ProbeKind::Warmup),
+        vec![ReplicaId("b-1".into())]
+    );
+    let mut tick = out.clone();
+    tick.extend(h.send(Event::Tick));
+    let new: Vec<&SpawnSpec> = tick
+        .iter()
+        .filter_map(|a| match a {
+            Action::Spawn(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert!(!new.is_empty());
+    assert!(new
+        .iter()
+        .all(|s| s.model == "a" && s.command[0] == "server-v2"));
+    assert!(new
+        .iter()
+        .all(|s| s.replica.0 != "a-1" && s.replica.0 != "a-2" && s.replica.0 != "a-3"));
+}
+
+#[test]
+fn a_field_missing_from_the_saved_spec_reads_as_its_default_and_still_matches() {
+    let toml = two_models("server");
+    let (_, mut ledger) = earlier_run(&toml);
+    for r in &mut ledger.replicas {
+        // As an older binary would have written it: without the fields that have defaults.
+        let mut v = serde_json::to_value(&r.spec).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in ["placement", "prefetch", "env", "user", "version"] {
+            o.remove(k);
+        }
+        r.spec = serde_json::from_value(v).unwrap();
+    }
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
+    assert_eq!(probes(&out, ProbeKind::Warmup).len(), 4);
+}
+
+#[test]
+fn records_that_do_not_fit_are_stopped_never_routed_and_numbers_are_bounded() {
+    let toml = two_models("server");
+    let (_, mut ledger) = earlier_run(&toml);
+    let by = |l: &mut Ledger, id: &str| -> usize {
+        l.replicas.iter().position(|r| r.replica == id).unwrap()
+    };
+    let i = by(&mut ledger, "a-1");
+    ledger.replicas[i].port = 9; // outside daemon.ports
+    let i = by(&mut ledger, "a-2");
+    ledger.replicas[i].gpus = vec!["GPU-gone".into()];
+    let i = by(&mut ledger, "a-3");
+    ledger.replicas[i].gpu_bytes = u64::MAX;
+    let i = by(&mut ledger, "b-1");
+    let a3 = by(&mut ledger, "a-3");
+    let dup_port = ledger.replicas[a3].port;
+    ledger.replicas[i].port = dup_port; // the same port twice
+    ledger.models.get_mut("a").unwrap().next_n = u64::MAX;
+    ledger.models.get_mut("a").unwrap().desired_routed = u32::MAX;
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::HandedOver,
+        ledger,
+    });
+    let mut stopped = signals(&out, StopSignal::Term);
+    stopped.sort();
+    assert_eq!(stopped, ["a-1", "a-2", "b-1"].map(|s| ReplicaId(s.into())));
+    for id in ["a-1", "a-2", "b-1"] {
+        let r = &h.node.replicas[&ReplicaId(id.into())];
+        assert_eq!(r.state, ReplicaState::Stopping, "{id}: {r:?}");
+        assert!(r.reason.starts_with("not adopted"), "{}", r.reason);
+    }
+    let a3 = &h.node.replicas[&ReplicaId("a-3".into())];
+    assert_eq!(a3.gpu_bytes, 80 << 30, "bounded by the device");
+    let m = &h.node.models["a"];
+    assert!(
+        m.next_n < 20,
+        "an absurd next_n is not believed: {}",
+        m.next_n
+    );
+    assert!(
+        h.node.replicas.contains_key(&ReplicaId("a-4".into())),
+        "numbering goes on from the records"
+    );
+    assert_eq!(m.desired_routed, 8, "clamped to max");
+    let more = h.run_for(std::time::Duration::from_secs(2));
+    let routed: Vec<String> = routed_sets(&more).concat();
+    assert!(!routed
+        .iter()
+        .any(|r| r == "a-1" || r == "a-2" || r == "b-1"));
+    // SIGKILL after stop_grace, as for any stop.
+    let later = h.run_for(std::time::Duration::from_secs(6));
+    let mut killed = signals(&later, StopSignal::Kill);
+    killed.sort();
+    assert_eq!(killed, ["a-1", "a-2", "b-1"].map(|s| ReplicaId(s.into())));
+}
+
+#[test]
+fn an_adopted_replica_that_answers_its_warm_up_wrongly_is_stopped_without_a_failure() {
+    let toml = two_models("server");
+    let (_, ledger) = earlier_run(&toml);
+    let mut h = Harness::bare(&toml);
+    h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    let out = h.send(Event::Probed {
+        replica: ReplicaId("b-1".into()),
+        kind: ProbeKind::Warmup,
+        outcome: ProbeOutcome {
+            ok: false,
+            not_ready: false,
+            detail: "port 30003 is answered by pid 77 (sleep), not by a process of this replica"
+                .into(),
+        },
+    });
+    assert_eq!(
+        signals(&out, StopSignal::Term),
+        vec![ReplicaId("b-1".into())]
+    );
+    assert!(h.node.models["b"].failures.is_empty());
+    assert!(routed_sets(&out).iter().all(|s| s.is_empty()));
+}
+
+#[test]
+fn after_an_orderly_stop_nothing_is_taken_back_and_models_start_afresh() {
+    let toml = two_models("server");
+    let (_, mut ledger) = earlier_run(&toml);
+    ledger.replicas.clear();
+    ledger.models.get_mut("a").unwrap().desired_routed = 6;
+    let mut h = Harness::bare(&toml);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    assert_eq!(
+        h.node.models["a"].desired_routed, 2,
+        "min, not the last run's count"
+    );
+    let ids: Vec<String> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Spawn(s) => Some(s.replica.0.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(ids.contains(&"a-1".to_string()), "{ids:?}");
+}

@@ -1,0 +1,201 @@
+//! What the property test throws at the core: its configurations (good, narrowing, absurd),
+//! hostile numbers, and the steps a sequence is made of.
+
+use proptest::prelude::*;
+
+const DEVICES: &str = r#"
+[gpus]
+backend = "static"
+[[gpus.device]]
+uuid = "GPU-a"
+memory = "80GiB"
+[[gpus.device]]
+uuid = "GPU-b"
+memory = "80GiB"
+"#;
+
+fn model(name: &str, extra: &str, scaling: &str) -> String {
+    format!(
+        r#"
+[[model]]
+name = "{name}"
+command = ["server", "--port", "{{port}}"]
+stop_grace = "5s"
+{extra}
+[model.warmup]
+url = "http://127.0.0.1:{{port}}/v1/completions"
+startup_timeout = "10s"
+recheck = "1m"
+[model.liveness]
+url = "http://127.0.0.1:{{port}}/health"
+interval = "2s"
+failures = 2
+[model.scaling]
+drain_timeout = "30s"
+{scaling}
+"#
+    )
+}
+
+/// The configurations a sequence may run and reload: a CPU model with a pool, a shared-GPU model,
+/// a whole-device model that scrapes and outranks the others; then variants: scaling changed,
+/// a new version (a rollout), a model removed, one added, the ports narrowed, absurd durations.
+pub(super) fn configs() -> Vec<String> {
+    let a = |scaling: &str, version: &str| {
+        model("a", &format!("gpus = 0\nversion = \"{version}\""), scaling)
+    };
+    let b = model(
+        "b",
+        "gpus = 1\ngpu_memory = \"30GiB\"",
+        "min = 1\nmax = 3\nwarm_pool = \"auto\"",
+    );
+    let c = model(
+        "c",
+        "gpus = 1\npriority = 5",
+        "min = 0\nmax = 2\nwarm_pool = 1\n[model.signal]\nscrape = \"http://127.0.0.1:{port}/metrics\"\nformat = \"vllm\"",
+    );
+    let d = model("d", "gpus = 0", "min = 2\nmax = 2");
+    let head = |ports: &str| {
+        format!("[daemon]\nsocket = \"/tmp/hearth-prop.sock\"\nports = \"{ports}\"\nshutdown_timeout = \"20s\"\n{DEVICES}")
+    };
+    let base = head("30000-30031");
+    vec![
+        format!("{base}{}{b}{c}", a("min = 1\nmax = 4\nwarm_pool = 1", "1")),
+        format!("{base}{}{b}{c}", a("min = 2\nmax = 6\nwarm_pool = 2", "1")),
+        format!("{base}{}{b}{c}", a("min = 1\nmax = 4\nwarm_pool = 1", "2")),
+        format!("{base}{}{b}", a("min = 1\nmax = 4\nwarm_pool = 0", "1")),
+        format!("{base}{}{b}{c}{d}", a("min = 1\nmax = 4\nwarm_pool = 1", "1")),
+        format!("{}{}{b}{c}", head("30000-30009"), a("min = 1\nmax = 4", "1")),
+        format!(
+            "{base}{}{b}{c}",
+            a(
+                "min = 0\nmax = 4\nwarm_pool = 1\nidle_to_zero = \"1s\"\ndown_stabilization = \"1s\"\ndown_step = \"1s\"",
+                "1"
+            )
+        )
+        .replace("drain_timeout = \"30s\"", "drain_timeout = \"5124095576030431h\"")
+        .replace("stop_grace = \"5s\"", "stop_grace = \"5124095576030431h\""),
+    ]
+}
+
+/// Numbers as a hostile client picks them: the edges, the bounds, anything.
+fn hostile_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => 0u64..20,
+        1 => Just(u64::MAX),
+        1 => Just(1u64 << 32),
+        1 => Just(crate::protocol::MAX_QUEUE),
+        1 => Just(crate::protocol::MAX_COUNTER),
+        1 => any::<u64>(),
+    ]
+}
+
+fn hostile_u32() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        4 => 0u32..10,
+        1 => Just(u32::MAX),
+        1 => Just(100_000u32),
+        1 => 10u32..64,
+        1 => any::<u32>(),
+    ]
+}
+
+fn hostile_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        4 => 0.0f64..3000.0,
+        1 => Just(f64::NAN),
+        1 => Just(f64::INFINITY),
+        1 => Just(-1.0),
+        1 => Just(1e19),
+        1 => Just(crate::protocol::MAX_WAIT_MS),
+        1 => any::<f64>(),
+    ]
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum Step {
+    /// Time passes (ms), then a tick.
+    Advance(u64),
+    Spawned(u8),
+    SpawnFailed(u8),
+    Exited(u8),
+    Probe {
+        replica: u8,
+        kind: u8,
+        ok: bool,
+        not_ready: bool,
+    },
+    Scraped {
+        replica: u8,
+        ok: bool,
+        depth: u64,
+        in_flight: u64,
+        wait: Option<f64>,
+        counter: Option<u64>,
+    },
+    Report {
+        model: u8,
+        replica: Option<u8>,
+        wait: Option<f64>,
+        depth: Option<u64>,
+        in_flight: Option<u64>,
+        arrived: Option<u64>,
+        completed: Option<u64>,
+        peer: u8,
+    },
+    Scale {
+        model: u8,
+        min: Option<u32>,
+        max: Option<u32>,
+        warm: Option<Option<u32>>,
+        reset: bool,
+        peer: u8,
+    },
+    Drain {
+        replica: u8,
+        force: bool,
+        peer: u8,
+    },
+    Cordon {
+        gpu: u8,
+        on: bool,
+        evacuate: bool,
+    },
+    Xid(u8, u64),
+    Memory(u8, u64, Vec<(u32, u64)>),
+    Prefetch(u8, u64, u64),
+    ReloadAsk(bool),
+    /// The shell's read comes back: a configuration (by index), or an error.
+    ConfigRead(u8),
+    Read(u8, u8),
+    Shutdown(bool),
+}
+
+pub(super) fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => prop_oneof![4 => 0u64..3000, 1 => 3000u64..120_000, 1 => Just(3_600_000u64)]
+            .prop_map(Step::Advance),
+        4 => any::<u8>().prop_map(Step::Spawned),
+        1 => any::<u8>().prop_map(Step::SpawnFailed),
+        2 => any::<u8>().prop_map(Step::Exited),
+        5 => (any::<u8>(), 0u8..3, prop::bool::weighted(0.8), any::<bool>())
+            .prop_map(|(replica, kind, ok, not_ready)| Step::Probe { replica, kind, ok, not_ready }),
+        1 => (any::<u8>(), any::<bool>(), hostile_u64(), hostile_u64(), prop::option::of(hostile_f64()), prop::option::of(hostile_u64()))
+            .prop_map(|(replica, ok, depth, in_flight, wait, counter)| Step::Scraped { replica, ok, depth, in_flight, wait, counter }),
+        5 => (any::<u8>(), prop::option::of(any::<u8>()), prop::option::of(hostile_f64()), prop::option::of(hostile_u64()),
+              prop::option::of(hostile_u64()), prop::option::of(hostile_u64()), prop::option::of(hostile_u64()), any::<u8>())
+            .prop_map(|(model, replica, wait, depth, in_flight, arrived, completed, peer)| Step::Report { model, replica, wait, depth, in_flight, arrived, completed, peer }),
+        2 => (any::<u8>(), prop::option::of(hostile_u32()), prop::option::of(hostile_u32()), prop::option::of(prop::option::of(hostile_u32())), prop::bool::weighted(0.2), any::<u8>())
+            .prop_map(|(model, min, max, warm, reset, peer)| Step::Scale { model, min, max, warm, reset, peer }),
+        2 => (any::<u8>(), any::<bool>(), any::<u8>()).prop_map(|(replica, force, peer)| Step::Drain { replica, force, peer }),
+        1 => (0u8..4, any::<bool>(), any::<bool>()).prop_map(|(gpu, on, evacuate)| Step::Cordon { gpu, on, evacuate }),
+        1 => (0u8..3, prop_oneof![Just(79u64), Just(13u64), any::<u64>()]).prop_map(|(g, x)| Step::Xid(g, x)),
+        1 => (0u8..3, hostile_u64(), prop::collection::vec((any::<u32>(), hostile_u64()), 0..4))
+            .prop_map(|(g, used, by)| Step::Memory(g, used, by)),
+        1 => (any::<u8>(), hostile_u64(), hostile_u64()).prop_map(|(r, d, t)| Step::Prefetch(r, d, t)),
+        1 => any::<bool>().prop_map(Step::ReloadAsk),
+        1 => any::<u8>().prop_map(Step::ConfigRead),
+        2 => (0u8..4, any::<u8>()).prop_map(|(op, m)| Step::Read(op, m)),
+        1 => prop::bool::weighted(0.3).prop_map(Step::Shutdown),
+    ]
+}

@@ -1,0 +1,252 @@
+//! The HTTP API: which path does what, and what a request must be before it is queued.
+//!
+//! - `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`: routed by the body's
+//!   `model` (a model's name or an alias).
+//! - `/m/{model}/{path}` (GET, POST): the model's server API, for the paths the model allows.
+//! - `GET /v1/models`: the configured models (and aliases) and their state.
+//! - `GET /metrics`, `GET /health`.
+//!
+//! With `api_keys`, everything but `/health` needs `Authorization: Bearer KEY`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper::body::{Bytes, Incoming};
+use hyper::header;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::body;
+use super::errors::{self, Failure};
+use super::model_field::{model_of, replace_model};
+use super::proxy;
+use super::relay::RouteBody;
+use super::router::Router;
+
+const OPENAI_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+pub async fn handle(
+    router: Arc<Router>,
+    req: Request<Incoming>,
+) -> Result<Response<RouteBody>, Infallible> {
+    let arrived = Instant::now();
+    let path = req.uri().path();
+    if path == "/health" {
+        return Ok(health(&router, req.method()));
+    }
+    if !errors::authorized(
+        &router.settings.api_keys,
+        req.headers().get(header::AUTHORIZATION),
+    ) {
+        router.metrics.request(None, 401);
+        return Ok(errors::error(
+            Failure::Unauthorized,
+            "a valid API key is required: Authorization: Bearer KEY",
+        ));
+    }
+    let resp = match (req.method(), path) {
+        (&Method::GET, "/metrics") => errors::text_response(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            router
+                .metrics
+                .render(router.states(), router.is_daemon_connected()),
+        ),
+        (&Method::GET, "/v1/models") => models(&router),
+        (&Method::POST, p) if OPENAI_PATHS.contains(&p) => openai(&router, req, arrived).await,
+        (_, p) if OPENAI_PATHS.contains(&p) || p == "/v1/models" || p == "/metrics" => {
+            errors::error(
+                Failure::MethodNotAllowed,
+                format!("{p}: method not allowed"),
+            )
+        }
+        (_, p) if p.starts_with("/m/") => prefix(&router, req, arrived).await,
+        (_, p) => {
+            router.metrics.request(None, 404);
+            errors::error(Failure::NotFound, format!("no route for {p}"))
+        }
+    };
+    Ok(resp)
+}
+
+fn health(router: &Router, method: &Method) -> Response<RouteBody> {
+    if method != Method::GET && method != Method::HEAD {
+        return errors::error(Failure::MethodNotAllowed, "/health: method not allowed");
+    }
+    let daemon = if router.is_daemon_connected() {
+        "connected"
+    } else {
+        "disconnected"
+    };
+    // The router serves while the daemon is away (on the routed set it last saw): healthy.
+    errors::json_response(StatusCode::OK, &json!({"status": "ok", "daemon": daemon}))
+}
+
+fn models(router: &Router) -> Response<RouteBody> {
+    let states = router.states();
+    let entry = |id: &str, model: usize, alias: bool| {
+        let s = &states[model];
+        let mut hearth = json!({
+            "state": if s.routed > 0 { "serving" } else { "waiting" },
+            "routed": s.routed,
+            "slots": s.slots,
+            "in_flight": s.running,
+            "queue_depth": s.queue_depth,
+            "oldest_wait_ms": s.oldest_wait.as_millis() as u64,
+        });
+        if alias {
+            hearth["alias_of"] = Value::String(s.name.clone());
+        }
+        json!({
+            "id": id,
+            "object": "model",
+            "created": router.started_unix,
+            "owned_by": "hearth",
+            "hearth": hearth,
+        })
+    };
+    let mut data: Vec<Value> = router
+        .settings
+        .models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| entry(&m.name, i, false))
+        .collect();
+    for (alias, target) in &router.settings.aliases {
+        if let Some(i) = router.settings.resolve(target) {
+            data.push(entry(alias, i, true));
+        }
+    }
+    errors::json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// An OpenAI endpoint: the body names the model.
+async fn openai(
+    router: &Arc<Router>,
+    req: Request<Incoming>,
+    arrived: Instant,
+) -> Response<RouteBody> {
+    let (parts, body) = req.into_parts();
+    let body = match body::read(router, &parts.headers, body).await {
+        Ok(b) => b,
+        Err(resp) => return counted(router, None, resp),
+    };
+    let (name, span) = match model_of(&body.bytes) {
+        Ok(x) => x,
+        Err(e) => return counted(router, None, errors::error(Failure::BadJson, e.to_string())),
+    };
+    let Some(model) = router.settings.resolve(&name) else {
+        return counted(
+            router,
+            None,
+            errors::error(
+                Failure::UnknownModel,
+                format!("the model {name:?} does not exist"),
+            ),
+        );
+    };
+    let canonical = &router.settings.models[model].name;
+    let body = if *canonical != name {
+        let renamed = Bytes::from(replace_model(&body.bytes, span, canonical));
+        body.replace(renamed)
+    } else {
+        body
+    };
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or_else(|| parts.uri.path());
+    proxy::forward(
+        router,
+        model,
+        parts.method,
+        pq,
+        parts.headers,
+        body,
+        arrived,
+    )
+    .await
+}
+
+/// `/m/{model}/{path}`: the model's own server API, for the paths it allows.
+async fn prefix(
+    router: &Arc<Router>,
+    req: Request<Incoming>,
+    arrived: Instant,
+) -> Response<RouteBody> {
+    let path = req.uri().path();
+    let rest = &path["/m/".len()..];
+    let (name, server_path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let Some(model) = router.settings.resolve(name) else {
+        return counted(
+            router,
+            None,
+            errors::error(
+                Failure::UnknownModel,
+                format!("the model {name:?} does not exist"),
+            ),
+        );
+    };
+    if req.method() != Method::GET && req.method() != Method::POST {
+        return counted(
+            router,
+            Some(model),
+            errors::error(
+                Failure::MethodNotAllowed,
+                "the prefix route takes GET and POST",
+            ),
+        );
+    }
+    let m = &router.settings.models[model];
+    if !m.paths.allows(server_path) {
+        return counted(
+            router,
+            Some(model),
+            errors::error(
+                Failure::NotFound,
+                format!(
+                    "{server_path:?} is not a path /m/{}/ passes (allowed: {})",
+                    m.name,
+                    if m.paths.is_empty() {
+                        "none".to_string()
+                    } else {
+                        m.paths.to_string()
+                    }
+                ),
+            ),
+        );
+    }
+    let pq = match req.uri().query() {
+        Some(q) => format!("{server_path}?{q}"),
+        None => server_path.to_string(),
+    };
+    let (parts, body) = req.into_parts();
+    let body = match body::read(router, &parts.headers, body).await {
+        Ok(b) => b,
+        Err(resp) => return counted(router, Some(model), resp),
+    };
+    proxy::forward(
+        router,
+        model,
+        parts.method,
+        &pq,
+        parts.headers,
+        body,
+        arrived,
+    )
+    .await
+}
+
+fn counted(
+    router: &Router,
+    model: Option<usize>,
+    resp: Response<RouteBody>,
+) -> Response<RouteBody> {
+    router.metrics.request(model, resp.status().as_u16());
+    resp
+}

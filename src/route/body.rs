@@ -1,0 +1,115 @@
+//! Request bodies, read whole before a request is queued (the model is in the body, and a retry
+//! sends it again): at most `max_body` for one request, at most `max_buffered` for all of them
+//! together, counted as the bytes arrive and held until the request is done with its body. A
+//! request that would cross the shared bound is refused at once rather than waiting: it holds a
+//! connection, and the bytes it would wait for are other clients'.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderMap};
+use hyper::Response;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::errors::{self, Failure};
+use super::relay::RouteBody;
+use super::router::Router;
+
+/// A client has this long to send its whole body once its headers are in.
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shared bound is counted in units of this many bytes.
+pub const UNIT: usize = 1024;
+
+/// A body, and its share of `max_buffered` (given back when dropped).
+pub struct Buffered {
+    pub bytes: Bytes,
+    _held: Option<OwnedSemaphorePermit>,
+}
+
+impl Buffered {
+    /// The same share of the bound, for other bytes of about the same length (the body with
+    /// its model renamed).
+    pub fn replace(self, bytes: Bytes) -> Buffered {
+        Buffered {
+            bytes,
+            _held: self._held,
+        }
+    }
+}
+
+/// Reads the whole body within the bounds; the error is the answer to give.
+pub async fn read(
+    router: &Router,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Result<Buffered, Response<RouteBody>> {
+    let max = router.settings.max_body;
+    let too_large = || {
+        errors::error(
+            Failure::TooLarge,
+            format!("the body is larger than {max} bytes"),
+        )
+    };
+    // A declared length over the limit is refused before a byte of it is read.
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > max as u64 {
+            return Err(too_large());
+        }
+    }
+    let read = async {
+        let mut body = body;
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut len = 0usize;
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                errors::error(Failure::BadRequest, format!("reading the body: {e}"))
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if len + data.len() > max {
+                return Err(too_large());
+            }
+            len += data.len();
+            let units = len.div_ceil(UNIT);
+            let have = held.as_ref().map_or(0, |p| p.num_permits());
+            if units > have {
+                let more = u32::try_from(units - have).unwrap_or(u32::MAX);
+                let Ok(p) = router.body_budget.clone().try_acquire_many_owned(more) else {
+                    return Err(errors::error(
+                        Failure::Busy,
+                        "the router holds as many request bodies as it may \
+                         (route.max_buffered); retry later",
+                    ));
+                };
+                match held.as_mut() {
+                    Some(h) => h.merge(p),
+                    None => held = Some(p),
+                }
+            }
+            chunks.push(data);
+        }
+        let bytes = match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop().expect("one chunk"),
+            _ => Bytes::from(chunks.concat()),
+        };
+        Ok(Buffered { bytes, _held: held })
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(r) => r,
+        Err(_) => Err(errors::error(
+            Failure::BodyTimeout,
+            format!(
+                "the body did not arrive within {}",
+                crate::units::format_duration(BODY_TIMEOUT)
+            ),
+        )),
+    }
+}

@@ -1,0 +1,32 @@
+//! `hearth route`, the front door: an OpenAI-compatible HTTP entry point that holds each model's
+//! queue, sends a request to a routed replica only when it has a free slot, and reports the
+//! queue to the daemon so that what hearth scales on is exact.
+//!
+//! It is a separate process and a client of the daemon (it follows `watch` and sends `report`s
+//! like any reporter); the daemon never spawns it, and it can restart without touching a
+//! replica.
+//!
+//! - `settings`, `paths`: what it runs with (from the `[route]` table that `config` checks).
+//! - `queue`: the decisions (FIFO, slots, choice of replica, reports), pure.
+//! - `router`: the queue shared by request tasks, and leases on slots.
+//! - `server`, `api`, `body`, `model_field`, `errors`: the HTTP side.
+//! - `proxy`, `upstream`, `relay`: a request's way to a replica and its answer's way back.
+//! - `link`: the daemon's watch and the reports.
+//! - `metrics`: `hearth_route_*`.
+//! - `cmd`: the process.
+
+pub mod api;
+pub mod body;
+pub mod cmd;
+pub mod errors;
+pub mod link;
+pub mod metrics;
+pub mod model_field;
+pub mod paths;
+pub mod proxy;
+pub mod queue;
+pub mod relay;
+pub mod router;
+pub mod server;
+pub mod settings;
+pub mod upstream;
