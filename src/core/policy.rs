@@ -43,6 +43,9 @@ const RISE_MEMORY: Duration = Duration::from_secs(1800);
 /// The arrival rate the envelope sizes for is averaged over this long (one second of Poisson
 /// noise is not a peak).
 const RATE_SMOOTHING: Duration = Duration::from_secs(1);
+/// Standard deviations of Poisson noise taken off the recent arrival rate before it counts as
+/// a rise above the envelope.
+const RECENT_Z: f64 = 2.0;
 
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -205,10 +208,10 @@ impl Autoscaler {
         if wait > target_ms {
             self.over_since.get_or_insert(now);
             // In trouble: what serves now is the least the window should remember.
-            self.demand.recommend(desired);
+            self.demand.recommend_in_trouble(desired);
             let d = self.scale_up(inp, &sig, wait, target_ms, desired);
             if let Some(d) = &d {
-                self.demand.recommend(d.to);
+                self.demand.recommend_in_trouble(d.to);
             }
             return d;
         }
@@ -224,7 +227,7 @@ impl Autoscaler {
     fn refresh(&mut self, inp: &Inputs) {
         let target = inp.scaling.target_wait.as_secs_f64();
         let cap = self.capacity();
-        let peak = self.demand.peak_smooth(self.envelope_span());
+        let peak = self.demand.peak_level(self.envelope_span());
         let size_rate = match (peak, self.forecast()) {
             (Some(p), Some(f)) => Some(p.max(f)),
             (p, _) => p,
@@ -283,9 +286,12 @@ impl Autoscaler {
         let (mut rate, mut need) = self.envelope?;
         let cap = self.capacity()?;
         // A rise seen in the last seconds counts at once: it is the peak the envelope will hold.
+        // Less two standard deviations of its noise: a blip of three seconds is not a rise.
         if let Some(r) = sig
             .arrival_rate_recent
-            .filter(|r| r.is_finite() && *r > rate)
+            .filter(|r| r.is_finite())
+            .map(|r| demand::level_under(r, RECENT_Z, demand::RECENT_WINDOW_S))
+            .filter(|r| *r > rate)
         {
             let target = inp.scaling.target_wait.as_secs_f64();
             (rate, need) = (r, replicas_needed(r, cap, target, WAIT_TAIL, inp.max));
@@ -476,9 +482,9 @@ impl Autoscaler {
     }
 
     /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
-    /// recommendation of the last `down_stabilization` — each second's envelope need, and what
-    /// served while the wait was over target — is below the routed count, and the wait is calm
-    /// now. Without measured rates, only after a whole window with no queue on average.
+    /// recommendation covering the last `down_stabilization` of demand — each second's envelope
+    /// need (which itself looks back one envelope span), and what served while the wait was over
+    /// target — is below the routed count, and the wait is calm now. Without measured rates, only after a whole window with no queue on average.
     fn scale_down(
         &mut self,
         inp: &Inputs,
@@ -524,7 +530,17 @@ impl Autoscaler {
         let window = s.down_stabilization;
         let why = match self.envelope {
             Some((rate, _)) => {
-                let highest = self.demand.peak_recommendation(window);
+                // Each second's envelope already looks back one envelope span: its needs over
+                // the rest of the window cover `down_stabilization` of demand, no more. What
+                // served while the wait was over target is remembered for the whole window.
+                let highest = self
+                    .demand
+                    .peak_recommendation(
+                        window
+                            .saturating_sub(self.envelope_span())
+                            .max(self.envelope_span()),
+                    )
+                    .max(self.demand.peak_trouble(window));
                 if highest >= desired {
                     return None;
                 }

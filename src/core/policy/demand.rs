@@ -18,10 +18,33 @@ pub const KEEP: usize = 4 * 3600;
 const MAX_RATE: f64 = 1e6;
 /// The window of the arrival rate the signal reports (`signal::RATE_WINDOW`), seconds.
 const RATE_WINDOW_S: f64 = 10.0;
+/// The recent arrival rate's window (`signal::RECENT_SPAN`), seconds.
+pub const RECENT_WINDOW_S: f64 = 3.0;
 /// Rises smaller than this many standard deviations of Poisson noise are not rises.
 const NOISE_Z: f64 = 3.0;
 /// A rise within one time-to-ready is a burst when it is at least this share of the level.
 const BURST_SHARE: f64 = 0.25;
+
+/// The steady arrival rate λ whose readings, over windows of `window_s` seconds, reach `peak`
+/// at `z` standard deviations of Poisson noise: λ + z·√(λ ÷ window) = peak. A peak of noisy
+/// readings overstates the level it came from; sizing for the peak itself would buy replicas
+/// for noise.
+pub fn level_under(peak: f64, z: f64, window_s: f64) -> f64 {
+    // NaN and non-positive peaks stand for no level.
+    if peak.is_nan() || peak <= 0.0 {
+        return 0.0;
+    }
+    let b = z.max(0.0) / window_s.max(1e-3).sqrt();
+    let root = (-b + (b * b + 4.0 * peak).sqrt()) / 2.0;
+    (root * root).min(peak)
+}
+
+/// How many standard deviations of noise the highest of the readings over `span` stands above
+/// a steady level: about √(2 ln n) for n independent readings of `RATE_WINDOW_S` each.
+pub fn peak_noise_z(span: Duration) -> f64 {
+    let n = (span.as_secs_f64() / RATE_WINDOW_S).max(1.0);
+    (2.0 * n.ln()).sqrt()
+}
 
 /// One second of signal.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +61,8 @@ pub struct Second {
     pub smooth: Option<f64>,
     /// What the policy recommended during this second (the highest, if several).
     pub rec: u32,
+    /// What it recommended while the wait was over target (the highest; 0 if it was not).
+    pub trouble: u32,
 }
 
 impl Second {
@@ -104,6 +129,7 @@ impl Demand {
             rise,
             smooth: smoothed,
             rec,
+            trouble: 0,
         });
         while self.seconds.len() > KEEP {
             self.seconds.pop_front();
@@ -133,6 +159,13 @@ impl Demand {
     /// The newest second at or before `second`.
     pub fn at_or_before(&self, second: u64) -> Option<&Second> {
         self.seconds.iter().rev().find(|b| b.second <= second)
+    }
+
+    /// The highest smoothed arrival rate within `span`, less what Poisson noise explains: the
+    /// level such a peak stands for (`level_under`).
+    pub fn peak_level(&self, span: Duration) -> Option<f64> {
+        self.peak_smooth(span)
+            .map(|p| level_under(p, peak_noise_z(span), RATE_WINDOW_S))
     }
 
     /// The highest smoothed arrival rate within `span`.
@@ -200,6 +233,19 @@ impl Demand {
         if let Some(b) = self.seconds.back_mut() {
             b.rec = b.rec.max(n);
         }
+    }
+
+    /// Notes what the policy recommends while the wait is over target: also a recommendation.
+    pub fn recommend_in_trouble(&mut self, n: u32) {
+        if let Some(b) = self.seconds.back_mut() {
+            b.rec = b.rec.max(n);
+            b.trouble = b.trouble.max(n);
+        }
+    }
+
+    /// The highest recommendation made while the wait was over target, within `span`.
+    pub fn peak_trouble(&self, span: Duration) -> u32 {
+        self.recent(span).map(|b| b.trouble).max().unwrap_or(0)
     }
 
     /// Resets the current second's recommendation (a new second starts from nothing).
