@@ -260,3 +260,44 @@ impl Demand {
         self.recent(span).map(|b| b.rec).max().unwrap_or(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_level_under_a_peak_is_the_rate_whose_noise_reaches_it() {
+        for lambda in [0.5, 4.0, 24.0, 300.0] {
+            for z in [0.0, 1.0, 2.0, 3.0] {
+                let peak = lambda + z * (lambda / RATE_WINDOW_S).sqrt();
+                let level = level_under(peak, z, RATE_WINDOW_S);
+                assert!(
+                    (level - lambda).abs() < 1e-9 * peak.max(1.0),
+                    "{lambda} {z}"
+                );
+            }
+        }
+        // Never above the peak, rising with it; nothing for no peak.
+        let mut prev = 0.0;
+        for k in 1..200 {
+            let peak = f64::from(k) * 0.37;
+            let level = level_under(peak, 2.0, 3.0);
+            assert!(level <= peak && level >= prev);
+            prev = level;
+        }
+        for bad in [0.0, -5.0, f64::NAN, f64::NEG_INFINITY] {
+            assert_eq!(level_under(bad, 2.0, 10.0), 0.0);
+        }
+        assert_eq!(level_under(f64::INFINITY, 2.0, 10.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn the_longer_the_span_the_more_noise_its_peak_holds() {
+        assert_eq!(peak_noise_z(Duration::from_secs(5)), 0.0);
+        assert_eq!(peak_noise_z(Duration::from_secs(10)), 0.0);
+        let z60 = peak_noise_z(Duration::from_secs(60));
+        let z240 = peak_noise_z(Duration::from_secs(240));
+        assert!(z60 > 1.8 && z60 < 2.0, "{z60}");
+        assert!(z240 > z60 && z240 < 2.6, "{z240}");
+    }
+}
