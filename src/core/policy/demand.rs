@@ -20,6 +20,8 @@ const MAX_RATE: f64 = 1e6;
 const RATE_WINDOW_S: f64 = 10.0;
 /// The recent arrival rate's window (`signal::RECENT_SPAN`), seconds.
 pub const RECENT_WINDOW_S: f64 = 3.0;
+/// Standard deviations of noise left on the envelope's peak (`Demand::peak_level`).
+const PEAK_MARGIN_Z: f64 = 1.0;
 /// Rises smaller than this many standard deviations of Poisson noise are not rises.
 const NOISE_Z: f64 = 3.0;
 /// A rise within one time-to-ready is a burst when it is at least this share of the level.
@@ -161,11 +163,14 @@ impl Demand {
         self.seconds.iter().rev().find(|b| b.second <= second)
     }
 
-    /// The highest smoothed arrival rate within `span`, less what Poisson noise explains: the
-    /// level such a peak stands for (`level_under`).
+    /// The highest smoothed arrival rate within `span`, less what Poisson noise explains beyond
+    /// one standard deviation: the level such a peak stands for (`level_under`), with one
+    /// deviation kept as margin for readings that lag a rise by half their window.
     pub fn peak_level(&self, span: Duration) -> Option<f64> {
-        self.peak_smooth(span)
-            .map(|p| level_under(p, peak_noise_z(span), RATE_WINDOW_S))
+        self.peak_smooth(span).map(|p| {
+            let z = (peak_noise_z(span) - PEAK_MARGIN_Z).max(0.0);
+            level_under(p, z, RATE_WINDOW_S)
+        })
     }
 
     /// The highest smoothed arrival rate within `span`.
