@@ -9,8 +9,9 @@
 //!    of a line without its newline and hold it; RSS of the daemon before, while they hold, and
 //!    after they are closed (goal: bounded while held, back near the start after).
 //!
-//! Run: `cargo bench --bench hardening` (`-- --seconds S --clients N --hostile N`). Without
-//! `--bench` it is a smoke run (16 clients, 200 hostile connections, 2 s).
+//! Run: `cargo bench --bench hardening` (`-- --seconds S --clients N --hostile N`; `--baseline
+//! PATH` first measures part 1 on another build of hearth, for a before/after in one run).
+//! Without `--bench` it is a smoke run (16 clients, 200 hostile connections, 2 s).
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -51,31 +52,9 @@ fn show(what: &str, lat: &[f64]) {
     );
 }
 
-fn main() {
-    let full = bench_full();
-    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 10.0 } else { 2.0 });
-    let clients = bench_arg::<f64>("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
-    let hostile =
-        bench_arg::<f64>("--hostile").unwrap_or(if full { 2000.0 } else { 200.0 }) as usize;
-    println!(
-        "hardening: {clients} reporting clients, {hostile} hostile connections; binary {}",
-        hearth().display()
-    );
-    let d = Daemon::builder()
-        .ports(12)
-        .model(Model::toy("hb", &["--service-time", "10ms"]).scale(2, 2, 0))
-        .start();
-    wait_until("2 routed", Duration::from_secs(60), || {
-        (d.in_state("hb", "routed").len() == 2).then_some(())
-    });
-    let asks = (secs * 100.0) as usize;
-
-    println!(
-        "--- 1. status while clients report at full speed ({})",
-        machine_load()
-    );
+/// `status` asked idle, then under `clients` reporters: (idle, under the flood, reports/s).
+fn status_under_flood(d: &Daemon, clients: usize, asks: usize) -> (Vec<f64>, Vec<f64>, f64) {
     let idle = status_latencies(&d.socket, asks);
-    show("idle", &idle);
     let stop = Arc::new(AtomicBool::new(false));
     let reports = Arc::new(AtomicU64::new(0));
     let line = format!(
@@ -111,6 +90,62 @@ fn main() {
     for t in flood {
         let _ = t.join();
     }
+    (idle, busy, rate)
+}
+
+/// One toy-server model of 2 routed replicas, on this build or on `baseline` (another build of
+/// hearth, run in its place through a wrapper).
+fn start(baseline: Option<&str>) -> Daemon {
+    let mut b = Daemon::builder()
+        .ports(12)
+        .model(Model::toy("hb", &["--service-time", "10ms"]).scale(2, 2, 0));
+    if let Some(bin) = baseline {
+        b = b.wrapper(&["sh", "-c", "shift; exec \"$0\" \"$@\"", bin]);
+    }
+    let d = b.start();
+    wait_until("2 routed", Duration::from_secs(60), || {
+        (d.in_state("hb", "routed").len() == 2).then_some(())
+    });
+    d
+}
+
+fn main() {
+    let full = bench_full();
+    let secs = bench_arg::<f64>("--seconds").unwrap_or(if full { 10.0 } else { 2.0 });
+    let clients = bench_arg::<f64>("--clients").unwrap_or(if full { 256.0 } else { 16.0 }) as usize;
+    let hostile =
+        bench_arg::<f64>("--hostile").unwrap_or(if full { 2000.0 } else { 200.0 }) as usize;
+    // Another build to compare with in the same run (`--baseline target/old/hearth`).
+    let baseline = std::env::args().skip_while(|a| a != "--baseline").nth(1);
+    println!(
+        "hardening: {clients} reporting clients, {hostile} hostile connections; binary {}",
+        hearth().display()
+    );
+    let asks = (secs * 100.0) as usize;
+
+    println!(
+        "--- 1. status while clients report at full speed ({})",
+        machine_load()
+    );
+    let mut runs = Vec::new();
+    if let Some(bin) = baseline.as_deref() {
+        let d = start(Some(bin));
+        let (idle, busy, rate) = status_under_flood(&d, clients, asks);
+        println!("  baseline {bin}:");
+        show("idle", &idle);
+        show(
+            &format!("under {clients} reporters ({rate:.0} reports/s answered meanwhile)"),
+            &busy,
+        );
+        runs.push(percentile(&busy, 99.0));
+        drop(d);
+    }
+    let d = start(None);
+    let (idle, busy, rate) = status_under_flood(&d, clients, asks);
+    if baseline.is_some() {
+        println!("  this build:");
+    }
+    show("idle", &idle);
     show(
         &format!("under {clients} reporters ({rate:.0} reports/s answered meanwhile)"),
         &busy,
@@ -124,6 +159,12 @@ fn main() {
             "MISSED"
         }
     );
+    if let Some(before) = runs.first() {
+        println!(
+            "  p99 under load, baseline / this build: {:.1}x",
+            before / percentile(&busy, 99.0).max(1e-9)
+        );
+    }
 
     println!("--- 2. {hostile} connections, each holding 60 KiB of an unfinished line");
     let pid = d.pid();
@@ -132,17 +173,40 @@ fn main() {
     let t = Instant::now();
     let mut held: Vec<UnixStream> = Vec::new();
     let mut refused = 0usize;
-    for _ in 0..hostile {
-        match UnixStream::connect(&d.socket) {
-            Ok(s) => {
-                s.set_nonblocking(true).ok();
-                // As much of the 60 KiB as the socket takes now; the rest is the client's.
-                let _ = (&s).write(&chunk);
-                held.push(s);
-            }
-            Err(_) => refused += 1,
+    // As root, the flood comes from 8 unprivileged users (uids 60001…), as a hostile neighbour's
+    // would: each holds what the per-user cap lets it, and the admins' reserve stays free.
+    // Otherwise it comes from this user, the daemon's own, which may take every slot.
+    let users: Vec<Option<u32>> = if testkit::procs::is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod the socket");
+        (0..8).map(|i| Some(60001 + i)).collect()
+    } else {
+        vec![None]
+    };
+    let per_user = hostile.div_ceil(users.len());
+    for uid in &users {
+        let conns = match uid {
+            Some(uid) => connect_as(&d.socket, *uid, per_user),
+            None => (0..per_user)
+                .filter_map(|_| UnixStream::connect(&d.socket).ok())
+                .collect(),
+        };
+        refused += per_user - conns.len();
+        for s in conns {
+            s.set_nonblocking(true).ok();
+            // As much of the 60 KiB as the socket takes now; the rest is the client's.
+            let _ = (&s).write(&chunk);
+            held.push(s);
         }
     }
+    println!(
+        "  from {}",
+        match users.first() {
+            Some(Some(_)) => format!("{} users (uids 60001…), {per_user} each", users.len()),
+            _ => "this user (the daemon's own)".to_string(),
+        }
+    );
     std::thread::sleep(Duration::from_secs(2));
     let rss_held = rss_kib(pid).unwrap_or(0);
     // An operator's `status` meanwhile: answered, or refused as busy (the connection cap).

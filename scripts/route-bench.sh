@@ -44,16 +44,20 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 body='{"id":"cmpl-bench","object":"text_completion","created":0,"model":"bench","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}'
-mkdir -p "$dir/logs"
+mkdir -p "$dir/logs" "$dir/replica"
+# The daemon runs a model without `user` as an unprivileged account when it runs as root: the
+# replica's nginx writes its config, pid, log and body buffers where that account may.
+chmod 0755 "$dir"
+chmod 1777 "$dir/replica"
 cat >"$dir/upstream.conf.in" <<EOF
 worker_processes 1;
 daemon off;
-pid $dir/up-@PORT@.pid;
-error_log $dir/logs/up-@PORT@.err warn;
+pid $dir/replica/up-@PORT@.pid;
+error_log $dir/replica/up-@PORT@.err warn;
 events { worker_connections 8192; }
 http {
   access_log off;
-  client_body_temp_path $dir/tmp-@PORT@;
+  client_body_temp_path $dir/replica/tmp-@PORT@;
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {
@@ -77,7 +81,7 @@ backend = "auto"
 
 [[model]]
 name = "bench"
-command = ["sh", "-c", "sed 's/@PORT@/{port}/g' $dir/upstream.conf.in > $dir/up-{port}.conf && exec nginx -p $dir -c $dir/up-{port}.conf"]
+command = ["sh", "-c", "sed 's/@PORT@/{port}/g' $dir/upstream.conf.in > $dir/replica/up-{port}.conf && exec nginx -p $dir/replica -c $dir/replica/up-{port}.conf"]
 gpus = 0
 stop_grace = "2s"
 slots = 4096

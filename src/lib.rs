@@ -6,6 +6,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod core;
+pub mod openmetrics;
 pub mod protocol;
 pub mod route;
 pub mod sim;

@@ -22,13 +22,13 @@ enum Mode {
 
 /// The mode the daemon says it chose.
 fn mode(d: &Daemon) -> Mode {
-    let log = d.log();
-    if log.contains("containment: cgroup2 subtree at") {
+    let chosen = d.containment();
+    if chosen.starts_with("cgroup2 subtree at") {
         Mode::Cgroup
-    } else if log.contains("containment: process groups") {
+    } else if chosen.starts_with("process groups") {
         Mode::Groups
     } else {
-        panic!("no containment line in the log:\n{log}")
+        panic!("no containment line in the log:\n{}", d.log())
     }
 }
 
@@ -232,24 +232,20 @@ fn squatted(groups: bool) {
     let d = b.start();
     let starting = d.wait_model(
         "toy",
-        "a starting replica with a port",
+        "a started replica with a port",
         Duration::from_secs(20),
         |m| {
+            // Spawned (a pid), not only given a port: a squatter that came before the spawn
+            // would be found by the spawn's port check and passed over, never asked.
             testkit::status::replicas_of(m)
                 .iter()
-                .any(|r| r["state"] == "starting" && r["port"].is_u64())
+                .any(|r| r["state"] == "starting" && r["port"].is_u64() && r["pid"].is_u64())
         },
     );
     let r = testkit::status::replicas_of(&starting)[0].clone();
     let port = r["port"].as_u64().unwrap().to_string();
     let watch = d.watch(Some("toy"));
-    let (k, v) = d.mark();
-    let mut squatter = std::process::Command::new(hearth())
-        .args(["toy-server", "--port", &port])
-        .env(k, v)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut squatter = d.squatter(&port);
     // The squatter answers the warm-up with 200; hearth sees it is not the replica's process.
     let m = d.wait_model("toy", "the squatter named", Duration::from_secs(20), |m| {
         testkit::status::replicas_of(m).iter().any(|r| {

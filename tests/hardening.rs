@@ -304,6 +304,21 @@ fn connections_past_the_cap_are_told_busy_and_a_half_written_line_times_out() {
         .as_str()
         .unwrap()
         .contains("too many connections"));
+    // A refused client reads why, also when it wrote its request first (the daemon used to
+    // close with the request unread: a reset) or only after the refusal (then a broken pipe).
+    // The pause stands for a client that is slow to write, not for a wait on the daemon.
+    for pause in [Duration::ZERO, Duration::from_millis(300)] {
+        let mut c = UnixStream::connect(&d.socket).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        std::thread::sleep(pause);
+        c.write_all(b"{\"op\":\"status\"}\n")
+            .unwrap_or_else(|e| panic!("writing after {pause:?}: {e}"));
+        let mut answer = String::new();
+        c.read_to_string(&mut answer)
+            .unwrap_or_else(|e| panic!("reading after {pause:?}: {e}: {answer:?}"));
+        let a: Value = serde_json::from_str(answer.trim()).unwrap();
+        assert_eq!(a["error"], json!("busy"), "{a}");
+    }
     // One leaves: room again.
     held.pop();
     wait_until("room after one left", Duration::from_secs(10), || {

@@ -24,7 +24,7 @@ fn daemon(models: Vec<Model>) -> Option<Daemon> {
         return None;
     }
     let d = Daemon::builder().models(models).tick("100ms").start();
-    if !d.log().contains("containment: cgroup2 subtree at") {
+    if !d.containment().starts_with("cgroup2 subtree at") {
         eprintln!("note: no writable cgroup2 here: {}", d.log_tail(20));
         return None;
     }
@@ -32,7 +32,7 @@ fn daemon(models: Vec<Model>) -> Option<Daemon> {
 }
 
 /// (id, pid, state) of each replica of `model`, sorted.
-fn roster(d: &Daemon, model: &str) -> Vec<(String, i32, String)> {
+fn roster(d: &Daemon, model: &str) -> Roster {
     let mut v: Vec<_> = d
         .replicas(model)
         .iter()
@@ -43,6 +43,23 @@ fn roster(d: &Daemon, model: &str) -> Vec<(String, i32, String)> {
         .collect();
     v.sort();
     v
+}
+
+type Roster = Vec<(String, i32, String)>;
+
+/// Models a and b (1 routed each, up to 2) settled in a cgroup2 subtree, their rosters, then the
+/// daemon killed with SIGKILL; None (with a note) where this host has no cgroup.
+fn two_models_then_kill_9() -> Option<(Daemon, Roster, Roster)> {
+    let models = vec![
+        Model::toy("a", &[]).scale(1, 2, 0),
+        Model::toy("b", &[]).scale(1, 2, 0),
+    ];
+    let mut d = daemon(models)?;
+    d.wait_settled("a", 1, 0, Duration::from_secs(30));
+    d.wait_settled("b", 1, 0, Duration::from_secs(30));
+    let (a, b) = (roster(&d, "a"), roster(&d, "b"));
+    kill_9(&mut d);
+    Some((d, a, b))
 }
 
 fn spawned_lines(d: &Daemon) -> usize {
@@ -186,13 +203,7 @@ fn a_replica_replaced_while_the_daemon_was_down_is_not_adopted_and_never_routed(
         (!alive(pid(&old))).then_some(())
     });
     let port = old_addr.rsplit(':').next().unwrap().to_string();
-    let (k, v) = d.mark();
-    let mut squatter = std::process::Command::new(hearth())
-        .args(["toy-server", "--port", &port])
-        .env(k, v)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut squatter = d.squatter(&port);
     wait_until("the squatter listening", Duration::from_secs(10), || {
         complete(&old_addr, Duration::from_secs(2)).ok()
     });
@@ -223,17 +234,9 @@ fn a_replica_replaced_while_the_daemon_was_down_is_not_adopted_and_never_routed(
 
 #[test]
 fn a_model_changed_while_the_daemon_was_down_rolls_out_and_the_untouched_one_is_adopted() {
-    let models = vec![
-        Model::toy("a", &[]).scale(1, 2, 0),
-        Model::toy("b", &[]).scale(1, 2, 0),
-    ];
-    let Some(mut d) = daemon(models) else {
+    let Some((mut d, a, b)) = two_models_then_kill_9() else {
         return;
     };
-    d.wait_settled("a", 1, 0, Duration::from_secs(30));
-    d.wait_settled("b", 1, 0, Duration::from_secs(30));
-    let (a, b) = (roster(&d, "a"), roster(&d, "b"));
-    kill_9(&mut d);
     d.rewrite_config(|c| {
         let m = c.models.iter_mut().find(|m| m.name == "a").unwrap();
         m.version = "2".into();
@@ -258,17 +261,9 @@ fn a_model_changed_while_the_daemon_was_down_rolls_out_and_the_untouched_one_is_
 
 #[test]
 fn pid_reuse_a_live_process_with_the_saved_pid_but_another_start_time_is_not_adopted() {
-    let models = vec![
-        Model::toy("a", &[]).scale(1, 2, 0),
-        Model::toy("b", &[]).scale(1, 2, 0),
-    ];
-    let Some(mut d) = daemon(models) else {
+    let Some((mut d, a, b)) = two_models_then_kill_9() else {
         return;
     };
-    d.wait_settled("a", 1, 0, Duration::from_secs(30));
-    d.wait_settled("b", 1, 0, Duration::from_secs(30));
-    let (a, b) = (roster(&d, "a"), roster(&d, "b"));
-    kill_9(&mut d);
     // a: its own live leader, saved with another start time (as a reused pid would have).
     // b: the saved pid rewritten to a live stranger outside the cgroup, with its true start.
     let (k, v) = d.mark();

@@ -3,19 +3,17 @@
 //! errors for bad requests, a full queue and a queue timeout, none of which disturbs other
 //! clients.
 
-mod route_support;
-
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const KEY: &str = "test-key-0123456789abcdef";
 const T: Duration = Duration::from_secs(30);
 
 fn authed(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> Resp {
     let bearer = format!("Bearer {KEY}");
-    request(
+    send(
         addr,
         method,
         path,
@@ -26,6 +24,7 @@ fn authed(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> 
         body,
         T,
     )
+    .and_then(Streaming::whole)
     .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
@@ -50,17 +49,19 @@ fn assert_error(r: &Resp, status: u16, code: &str) {
 
 #[test]
 fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
-    let setup = Setup::new(&[
-        Model::toy("alpha", &["--concurrency", "4", "--service-time", "10ms"]).scale(1, 1, 0),
-        Model::toy("beta", &["--concurrency", "4", "--service-time", "10ms"]).scale(2, 2, 0),
-    ]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file(&format!(
-        "max_body = \"1KiB\"\napi_keys = [\"{KEY}\"]\n\
+    let (daemon, router, addr) = front_door(
+        [
+            Model::front_toy("alpha", &["--concurrency", "4", "--service-time", "10ms"])
+                .scale(1, 1, 0),
+            Model::front_toy("beta", &["--concurrency", "4", "--service-time", "10ms"])
+                .scale(2, 2, 0),
+        ],
+        &format!(
+            "max_body = \"1KiB\"\napi_keys = [\"{KEY}\"]\n\
          [route.aliases]\n\"gpt-x\" = \"beta\"\n\
          [route.model.alpha]\npaths = [\"/v1/completions\"]\n"
-    ));
-    let router = Router::start(&route, addr);
+        ),
+    );
     daemon.wait_routed("alpha", 1, T);
     daemon.wait_routed("beta", 2, T);
     wait_until("the router to see both routed sets", T, || {
@@ -129,7 +130,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     // Authentication: everything but /health.
     let r = complete(addr, "alpha", T).unwrap();
     assert_error(&r, 401, "invalid_api_key");
-    let r = request(
+    let r = send(
         addr,
         "POST",
         "/v1/completions",
@@ -137,6 +138,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
         &completion("alpha"),
         T,
     )
+    .and_then(Streaming::whole)
     .unwrap();
     assert_error(&r, 401, "invalid_api_key");
     assert_eq!(get(addr, "/v1/models").unwrap().status, 401);
@@ -186,7 +188,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     }
     chunked.extend(b"0\r\n\r\n");
     let bearer = format!("Bearer {KEY}");
-    let r = request(
+    let r = send(
         addr,
         "POST",
         "/v1/completions",
@@ -194,6 +196,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
         &chunked,
         T,
     )
+    .and_then(Streaming::whole)
     .unwrap();
     assert_error(&r, 413, "request_too_large");
     assert_error(
@@ -246,7 +249,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
     // What happened is counted by model and status.
     let m = |s: &str| {
         let bearer = format!("Bearer {KEY}");
-        let r = request(
+        let r = send(
             addr,
             "GET",
             "/metrics",
@@ -254,6 +257,7 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
             b"",
             T,
         )
+        .and_then(Streaming::whole)
         .unwrap();
         r.text()
             .lines()
@@ -286,17 +290,15 @@ fn requests_go_to_their_models_replicas_and_bad_ones_get_openai_errors() {
 
 #[test]
 fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice() {
-    let setup = Setup::new(&[
-        Model::toy("slow", &["--service-time", "6s"]).scale(1, 1, 0),
-        Model {
-            slots: 2,
-            ..Model::toy("fast", &["--concurrency", "2", "--service-time", "10ms"]).scale(1, 1, 0)
-        },
-    ]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) =
-        setup.route_file("queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        [
+            Model::front_toy("slow", &["--service-time", "6s"]).scale(1, 1, 0),
+            Model::front_toy("fast", &["--concurrency", "2", "--service-time", "10ms"])
+                .scale(1, 1, 0)
+                .slots(2),
+        ],
+        "queue_timeout = \"1s\"\n[route.model.slow]\nmax_queue = 1\n",
+    );
     daemon.wait_routed("slow", 1, T);
     daemon.wait_routed("fast", 1, T);
     wait_until("the router to see the routed sets", T, || {
@@ -355,10 +357,10 @@ fn a_full_queue_answers_429_and_a_long_wait_503_and_other_clients_do_not_notice(
 
 #[test]
 fn request_bodies_together_stay_within_max_buffered() {
-    let setup = Setup::new(&[Model::toy("b", &["--service-time", "3s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        [Model::front_toy("b", &["--service-time", "3s"]).scale(1, 1, 0)],
+        "max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\n",
+    );
     daemon.wait_routed("b", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"b\"}")? == 1.0).then_some(())

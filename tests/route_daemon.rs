@@ -3,31 +3,27 @@
 //! is promoted, no cold start; a wait over the target promotes at once), and the router can
 //! restart without touching a replica.
 
-mod route_support;
-
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(60);
 
 #[test]
 fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
     // Cold starts take 3 s here (the toy's load time); a promotion takes milliseconds.
-    let mut m = Model::toy("z", &["--load-time", "3s", "--service-time", "50ms"]).scale(0, 2, 1);
-    m.idle_to_zero = "30m";
-    let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let mut m =
+        Model::front_toy("z", &["--load-time", "3s", "--service-time", "50ms"]).scale(0, 2, 1);
+    m.scaling.idle_to_zero = Some("30m".into());
+    let (daemon, router, addr) = front_door([m], "");
     let warm = wait_until("one warm replica, none routed", T, || {
         let model = daemon.model("z");
         let warm = daemon.in_state("z", "warm");
         (model["routed"] == 0 && warm.len() == 1)
             .then(|| warm[0]["id"].as_str().unwrap().to_string())
     });
-    let watch = Watch::open(&daemon.socket);
+    let watch = daemon.watch(None);
     wait_until("the router following the daemon", T, || {
         (router.metric("hearth_route_daemon_connected")? == 1.0).then_some(())
     });
@@ -47,10 +43,11 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
         Some(warm.as_str()),
         "served by the pool's replica"
     );
-    let (_, routed_at, ev) = watch
+    let (routed_at, ev) = watch
         .wait_for(0, Duration::ZERO, |v| {
             v["event"] == "routed" && endpoint_ids(v).contains(&warm)
         })
+        .map(|(_, e)| (e.at, e.v))
         .expect("the warm replica was routed");
     assert!(routed_at >= sent, "routed only after the request: {ev}");
     // The wait was the promotion's, far below a cold start's 3 s (the pool's refill starts
@@ -72,12 +69,10 @@ fn the_first_request_for_a_model_at_zero_waits_only_for_the_promotion() {
 
 #[test]
 fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
-    let mut m = Model::toy("w", &["--service-time", "1s"]).scale(1, 2, 1);
-    m.target_wait = "300ms";
-    let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let m = Model::front_toy("w", &["--service-time", "1s"])
+        .scale(1, 2, 1)
+        .target_wait("300ms");
+    let (daemon, router, addr) = front_door([m], "");
     daemon.wait_routed("w", 1, T);
     wait_until("one warm", T, || {
         (daemon.in_state("w", "warm").len() == 1).then_some(())
@@ -110,10 +105,10 @@ fn a_wait_over_the_target_promotes_a_warm_replica_from_the_routers_report() {
 
 #[test]
 fn the_router_restarts_without_touching_a_replica() {
-    let setup = Setup::new(&[Model::toy("r", &["--service-time", "20ms"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let mut router = Router::start(&route, addr);
+    let (daemon, mut router, addr) = front_door(
+        [Model::front_toy("r", &["--service-time", "20ms"]).scale(2, 2, 0)],
+        "",
+    );
     let before: Vec<Value> = daemon.wait_routed("r", 2, T);
     let pids = |v: &[Value]| -> Vec<(String, i64)> {
         let mut p: Vec<(String, i64)> = v
@@ -132,12 +127,12 @@ fn the_router_restarts_without_touching_a_replica() {
         (router.metric("hearth_route_routed_replicas{model=\"r\"}")? == 2.0).then_some(())
     });
     assert_eq!(complete(addr, "r", T).unwrap().status, 200);
-    router.kill(libc::SIGKILL);
+    router.kill();
     assert!(
         complete(addr, "r", Duration::from_secs(2)).is_err(),
         "the router is gone"
     );
-    let router = Router::start(&route, addr);
+    let router = Router::start(&daemon);
     let r = wait_until("an answer through the new router", T, || {
         complete(addr, "r", T).ok().filter(|r| r.status == 200)
     });
@@ -154,10 +149,10 @@ fn the_router_restarts_without_touching_a_replica() {
 
 #[test]
 fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
-    let setup = Setup::new(&[Model::toy("g", &["--service-time", "2s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("shutdown_grace = \"20s\"\n");
-    let mut router = Router::start(&route, addr);
+    let (daemon, mut router, addr) = front_door(
+        [Model::front_toy("g", &["--service-time", "2s"]).scale(1, 1, 0)],
+        "shutdown_grace = \"20s\"\n",
+    );
     daemon.wait_routed("g", 1, T);
     wait_until("the router routing", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"g\"}")? == 1.0).then_some(())
@@ -166,7 +161,7 @@ fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
     wait_until("the request at the replica", T, || {
         (router.metric("hearth_route_in_flight{model=\"g\"}")? == 1.0).then_some(())
     });
-    kill(router.pid(), libc::SIGTERM);
+    router.signal(Signal::SIGTERM);
     wait_until("the listener closed", T, || {
         std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
             .is_err()
@@ -174,6 +169,6 @@ fn sigterm_lets_requests_in_progress_finish_and_takes_no_new_connection() {
     });
     let r = held.join().unwrap().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let status = router.kill(0).expect("the router's exit");
+    let status = router.wait_exit(T).expect("the router's exit");
     assert!(status.success(), "{status}");
 }

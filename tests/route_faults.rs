@@ -4,12 +4,10 @@
 //! replica are freed), and a replica that leaves the routed set (its request finishes, nothing
 //! new reaches it). Streams pass chunk by chunk.
 
-mod route_support;
-
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -44,16 +42,16 @@ fn routed_at_router(router: &Router, model: &str, n: f64) {
 
 #[test]
 fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
-    let setup = Setup::new(&[Model::toy("m", &["--service-time", "4s"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        [Model::front_toy("m", &["--service-time", "4s"]).scale(2, 2, 0)],
+        "",
+    );
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
 
     let req = spawn(move || complete(addr, "m", T));
     let first = wait_until("the request at a replica", T, || router.busy_replica("m"));
-    kill(pid_of(&daemon, "m", &first), libc::SIGKILL);
+    signal(pid_of(&daemon, "m", &first), Signal::SIGKILL);
     let r = req.join().unwrap().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let served = r.header("x-hearth-replica").unwrap();
@@ -72,11 +70,11 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
     let req = spawn(move || complete(addr, "m", T));
     let a = wait_until("the request at a replica", T, || router.busy_replica("m"));
     let a_pid = pid_of(&daemon, "m", &a);
-    kill(a_pid, libc::SIGKILL);
+    signal(a_pid, Signal::SIGKILL);
     let b = wait_until("the retry at another replica", T, || {
         router.busy_replica("m").filter(|b| *b != a)
     });
-    kill(pid_of(&daemon, "m", &b), libc::SIGKILL);
+    signal(pid_of(&daemon, "m", &b), Signal::SIGKILL);
     let r = req.join().unwrap().unwrap();
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "upstream_failed", "{}", r.text());
@@ -88,10 +86,7 @@ fn a_replica_killed_before_any_byte_is_retried_once_on_another() {
 
 #[test]
 fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event() {
-    let setup = Setup::new(&[Model::streaming("s").scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door([Model::streaming("s").scale(2, 2, 0)], "");
     daemon.wait_routed("s", 2, T);
     routed_at_router(&router, "s", 2.0);
     let stream = |gate: &std::path::Path, chat: bool| {
@@ -121,7 +116,7 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
     // The replica sends its first event and then waits for the gate: the client has that event
     // before the gate opens, or it was held back somewhere.
     for chat in [false, true] {
-        let gate = setup.dir.path().join(format!("gate-{chat}"));
+        let gate = daemon.dir.path().join(format!("gate-{chat}"));
         let mut s = stream(&gate, chat);
         assert_eq!(s.status, 200);
         assert!(s
@@ -138,7 +133,7 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
     }
 
     // Cut after the first event: kill -9 the replica that is streaming.
-    let gate = setup.dir.path().join("gate-never");
+    let gate = daemon.dir.path().join("gate-never");
     let mut s = stream(&gate, false);
     let first = String::from_utf8(s.next_piece().unwrap().expect("an event")).unwrap();
     assert!(first.contains("part0"), "{first:?}");
@@ -160,7 +155,7 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
             .unwrap()
     };
     let before = stats();
-    kill(pid_of(&daemon, "s", &victim), libc::SIGKILL);
+    signal(pid_of(&daemon, "s", &victim), Signal::SIGKILL);
     let rest = String::from_utf8(s.rest().expect("the stream ends cleanly")).unwrap();
     let error_event = rest
         .split("\n\n")
@@ -187,10 +182,10 @@ fn streams_pass_unbuffered_and_a_stream_cut_after_bytes_ends_with_an_error_event
 
 #[test]
 fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
-    let setup = Setup::new(&[Model::toy("m", &["--service-time", "5s"]).scale(1, 1, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        [Model::front_toy("m", &["--service-time", "5s"]).scale(1, 1, 0)],
+        "",
+    );
     let replica = daemon.wait_routed("m", 1, T)[0].clone();
     routed_at_router(&router, "m", 1.0);
     let toy: std::net::SocketAddr = replica["addr"].as_str().unwrap().parse().unwrap();
@@ -252,13 +247,13 @@ fn a_client_that_leaves_frees_its_slot_and_its_request_at_the_replica() {
 
 #[test]
 fn a_replica_leaving_the_routed_set_finishes_its_requests_and_gets_no_new_one() {
-    let setup = Setup::new(&[Model::toy("m", &["--service-time", "3s"]).scale(2, 2, 0)]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file("");
-    let router = Router::start(&route, addr);
+    let (daemon, router, addr) = front_door(
+        [Model::front_toy("m", &["--service-time", "3s"]).scale(2, 2, 0)],
+        "",
+    );
     daemon.wait_routed("m", 2, T);
     routed_at_router(&router, "m", 2.0);
-    let watch = Watch::open(&daemon.socket);
+    let watch = daemon.watch(None);
 
     let held = spawn(move || complete(addr, "m", T));
     let x = wait_until("the request at a replica", T, || router.busy_replica("m"));

@@ -4,8 +4,6 @@
 //! back without taking replicas with it (the real daemon's replicas die with it). The replicas
 //! are real `hearth toy-server` processes, the router the real binary.
 
-mod route_support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -111,8 +109,10 @@ fn serve(conn: UnixStream, routed: Vec<Value>, reports: Reports) {
 struct Toy(Child);
 
 impl Toy {
-    fn start(port: u16) -> Toy {
-        let mut cmd = Command::new(HEARTH);
+    /// A toy server on `port`, carrying `home`'s mark (so that its cleanup finds it too).
+    fn start(home: &Home, port: u16) -> Toy {
+        let (mark, value) = home.mark();
+        let mut cmd = Command::new(hearth());
         cmd.args([
             "toy-server",
             "--port",
@@ -121,6 +121,7 @@ impl Toy {
             "20ms",
         ])
         .env_remove("HEARTH_SOCKET")
+        .env(mark, value)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -148,24 +149,27 @@ fn routed(model: &str, replicas: &[(&str, u16)]) -> Value {
 
 #[test]
 fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
-    let setup = Setup::new(&[
-        Model {
-            slots: 2,
-            ..Model::toy("a", &[]).scale(1, 1, 0)
-        },
-        Model::toy("b", &[]).scale(1, 1, 0),
-    ]);
-    let (pa, pb) = (free_ports(1).0, free_ports(1).0);
-    let _toys = (Toy::start(pa), Toy::start(pb));
+    // The daemon's directory and file, and no daemon: this test plays it.
+    let (home, _) = front_door_daemon(
+        [
+            Model::front_toy("a", &[]).scale(1, 1, 0).slots(2),
+            Model::front_toy("b", &[]).scale(1, 1, 0),
+        ],
+        "queue_timeout = \"2m\"\n",
+    )
+    .prepare();
+    let ports = (ports::ports(1), ports::ports(1));
+    let (pa, pb) = (ports.0.first, ports.1.first);
+    let _toys = (Toy::start(&home, pa), Toy::start(&home, pb));
     let reports: Reports = Arc::default();
     // At first the daemon routes a's replica, and nothing for b.
     let daemon = Scripted::start(
-        &setup.socket,
+        &home.socket,
         vec![routed("a", &[("a-1", pa)]), routed("b", &[])],
         reports.clone(),
     );
-    let (route, addr) = setup.route_file("queue_timeout = \"2m\"\n");
-    let router = Router::start(&route, addr);
+    let router = Router::start(&home);
+    let addr = router.addr;
     wait_until("a routed at the router", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"a\"}")? == 1.0).then_some(())
     });
@@ -242,7 +246,7 @@ fn reports_say_the_queue_and_the_router_serves_on_while_the_daemon_is_away() {
     // the counters the router kept.
     let back = Instant::now();
     let daemon = Scripted::start(
-        &setup.socket,
+        &home.socket,
         vec![routed("a", &[("a-1", pa)]), routed("b", &[("b-1", pb)])],
         reports.clone(),
     );

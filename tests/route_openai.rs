@@ -2,13 +2,11 @@
 //! tiny model as the replica: chat and completions, streaming and not, the model list, and the
 //! errors the client maps to its own exceptions.
 
-mod route_support;
-
 use std::process::Command;
 use std::time::Duration;
 
-use route_support::*;
 use serde_json::Value;
+use testkit::route::*;
 
 const KEY: &str = "sk-route-test-0123456789";
 
@@ -16,32 +14,22 @@ const KEY: &str = "sk-route-test-0123456789";
 fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
     let dir = real_model_dir();
     let python = openai_python();
-    let mut m = Model::with_command(
-        "tiny",
-        vec![
-            dir.join("llama-server").display().to_string(),
-            "-m".into(),
-            dir.join("tiny-llama.gguf").display().to_string(),
-            "--port".into(),
-            "{port}".into(),
-            "-np".into(),
-            "1".into(),
-        ],
-    )
-    .scale(1, 1, 0);
-    m.warmup_body = r#"{"prompt":"Hello","max_tokens":2}"#.into();
-    m.startup_timeout = "5m";
-    m.stop_grace = "5s";
-    let setup = Setup::new(&[m]);
-    let daemon = Daemon::start(&setup);
-    let (route, addr) = setup.route_file(&format!(
-        "api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"
-    ));
-    let router = Router::start(&route, addr);
+    let server = dir.join("llama-server").display().to_string();
+    let gguf = dir.join("tiny-llama.gguf").display().to_string();
+    let mut m = Model::front_toy("tiny", &[])
+        .command(&[&server, "-m", &gguf, "--port", "{port}", "-np", "1"])
+        .scale(1, 1, 0)
+        .startup_timeout("5m")
+        .stop_grace("5s");
+    m.warmup.body = r#"{"prompt":"Hello","max_tokens":2}"#.into();
+    let (daemon, router, addr) = front_door(
+        [m],
+        &format!("api_keys = [\"{KEY}\"]\n[route.aliases]\n\"gpt-4o-mini\" = \"tiny\"\n"),
+    );
     daemon.wait_routed("tiny", 1, Duration::from_secs(300));
     wait_until("the router routing tiny", Duration::from_secs(30), || {
         let bearer = format!("Bearer {KEY}");
-        let r = request(
+        let r = send(
             addr,
             "GET",
             "/metrics",
@@ -49,12 +37,13 @@ fn the_openai_client_works_through_the_router_with_a_real_llama_server() {
             b"",
             Duration::from_secs(10),
         )
+        .and_then(Streaming::whole)
         .ok()?;
         (sample(&r.text(), "hearth_route_routed_replicas{model=\"tiny\"}")? == 1.0).then_some(())
     });
 
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/route_support/openai_client.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openai_client.py");
     let out = Command::new(&python)
         .arg(&script)
         .arg(format!("http://{addr}/v1"))

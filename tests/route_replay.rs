@@ -5,16 +5,14 @@
 //! requests over the target wait and the replica-seconds are printed next to what `hearth
 //! simulate` predicts for the same arrivals and knobs, and must agree within 2×.
 
-mod route_support;
-
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use route_support::*;
 use serde_json::{json, Value};
+use testkit::route::*;
 
 const T: Duration = Duration::from_secs(90);
 /// Trace time replayed, and the compression.
@@ -67,7 +65,7 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
     }
     let times = arrivals(&trace);
     assert!(times.len() > 1000, "{} arrivals", times.len());
-    let mut m = Model::toy(
+    let mut m = Model::front_toy(
         "r",
         &[
             "--load-time",
@@ -78,17 +76,20 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
             SERVICE,
         ],
     )
-    .scale(1, 6, 1);
-    m.slots = SLOTS;
-    m.target_wait = "500ms";
-    m.down_stabilization = "5s";
-    m.down_step = "2s";
-    m.stop_grace = "2s";
-    m.drain_timeout = "20s";
-    let setup = Setup::with_spare_ports(&[m], 8);
-    let (config, addr) = setup.route_file("queue_timeout = \"30s\"\n");
-    let daemon = Daemon::start(&setup);
-    let router = Router::start(&config, addr);
+    .scale(1, 6, 1)
+    .slots(SLOTS)
+    .target_wait("500ms")
+    .stop_grace("2s")
+    .drain_timeout("20s");
+    m.scaling.down_stabilization = Some("5s".into());
+    m.scaling.down_step = Some("2s".into());
+    // 8 ports beyond max: a rollout at max starts its new replicas beside the old ones.
+    let mut daemon = front_door_daemon([m], "queue_timeout = \"30s\"\n")
+        .ports(6 + 8)
+        .start();
+    let router = Router::start(&daemon);
+    let addr = router.addr;
+    let config = daemon.config_path.clone();
     daemon.wait_routed("r", 1, T);
     wait_until("one warm replica", T, || {
         (daemon.in_state("r", "warm").len() == 1).then_some(())
@@ -96,13 +97,13 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
     wait_until("the router routing r", T, || {
         (router.metric("hearth_route_routed_replicas{model=\"r\"}")? >= 1.0).then_some(())
     });
-    let watch = Watch::open(&setup.socket);
+    let watch = daemon.watch(None);
 
     // Replica-seconds: every replica that holds its resources (all but pending), sampled.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let stop = stop.clone();
-        let socket = setup.socket.clone();
+        let socket = daemon.socket.clone();
         spawn(move || {
             let mut total = 0.0;
             let mut last = Instant::now();
@@ -133,16 +134,11 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
             let routed = daemon.in_state("r", "routed");
             let victim = &routed[0];
             let pid = victim["pid"].as_i64().unwrap() as i32;
-            kill(pid, libc::SIGKILL);
+            signal(pid, Signal::SIGKILL);
             killed = Some(victim["id"].as_str().unwrap().to_string());
         }
         if !reloaded && elapsed >= 25.0 {
-            let text = fs::read_to_string(&config).unwrap();
-            fs::write(
-                &config,
-                text.replacen("name = \"r\"\n", "name = \"r\"\nversion = \"2\"\n", 1),
-            )
-            .unwrap();
+            daemon.rewrite_config(|c| c.models[0].version = "2".into());
             let a = daemon.request(json!({"op": "reload"}));
             assert_eq!(a["ok"], true, "{a}");
             reloaded = true;
@@ -225,14 +221,14 @@ fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
 
     // Predicted: the simulator on the same arrivals (compressed), service time, slots, cold
     // start and knobs.
-    let csv = setup.dir.path().join("arrivals.csv");
+    let csv = daemon.dir.path().join("arrivals.csv");
     let mut text = String::from("t_seconds,service_s\n");
     for t in &times {
         text.push_str(&format!("{t:.6},{SERVICE_S}\n"));
     }
     fs::write(&csv, text).unwrap();
     let cold = model["time_to_ready_ms"].as_u64().unwrap_or(2500);
-    let sim = Command::new(HEARTH)
+    let sim = Command::new(hearth())
         .args(["simulate", "--config"])
         .arg(&config)
         .args(["--model", "r", "--trace"])
@@ -324,8 +320,9 @@ fn scale_downs(watch: &Watch) -> Vec<(u64, u64, String)> {
     watch
         .events()
         .into_iter()
-        .filter(|(_, v)| v["event"] == "scale" && v["to"].as_u64() < v["from"].as_u64())
-        .map(|(_, v)| {
+        .map(|e| e.v)
+        .filter(|v| v["event"] == "scale" && v["to"].as_u64() < v["from"].as_u64())
+        .map(|v| {
             (
                 v["from"].as_u64().unwrap(),
                 v["to"].as_u64().unwrap(),

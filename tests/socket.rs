@@ -166,10 +166,14 @@ fn a_flood_of_bad_lines_does_not_stall_other_clients() {
     let sock = d.socket.clone();
     // Several hostile clients write garbage as fast as they can, not reading their answers.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // How many floods have landed a line: the normal client starts only once all three flood,
+    // so that on a loaded machine its 50 asks cannot all finish before a flood has begun.
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let floods: Vec<_> = (0..3)
         .map(|i| {
             let sock = sock.clone();
             let stop = stop.clone();
+            let flooding = flooding.clone();
             std::thread::spawn(move || {
                 let mut c = Conn::connect(&sock).unwrap();
                 let line = match i {
@@ -188,7 +192,12 @@ fn a_flood_of_bad_lines_does_not_stall_other_clients() {
                 let mut sent = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     match c.send_raw(&line) {
-                        Ok(()) => sent += 1,
+                        Ok(()) => {
+                            if sent == 0 {
+                                flooding.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            sent += 1
+                        }
                         Err(e)
                             if matches!(
                                 e.kind(),
@@ -201,6 +210,9 @@ fn a_flood_of_bad_lines_does_not_stall_other_clients() {
             })
         })
         .collect();
+    wait_until("all three floods to send", Duration::from_secs(20), || {
+        (flooding.load(std::sync::atomic::Ordering::Relaxed) == 3).then_some(())
+    });
     // Meanwhile a normal client gets every answer promptly.
     let mut c = Conn::connect(&sock).unwrap();
     for _ in 0..50 {

@@ -72,8 +72,14 @@ impl Access {
         }
     }
 
+    /// Root and the daemon's own user: admins whatever `[access]` says, known without reading
+    /// the user database.
+    pub fn privileged(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.own_uid
+    }
+
     pub fn role(&self, uid: u32, gid: u32) -> Role {
-        if uid == 0 || uid == self.own_uid {
+        if self.privileged(uid) {
             return Role::Admin;
         }
         let user = User::from_uid(Uid::from_raw(uid)).ok().flatten();

@@ -100,6 +100,16 @@ impl Decoder for Lines {
     }
 }
 
+/// A `Reader`'s state without its socket (see `Reader::park`).
+pub struct Parked {
+    buf: BytesMut,
+    codec: Lines,
+    large: Arc<Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+    started: Option<Instant>,
+    eof: bool,
+}
+
 /// The reading half of a connection.
 pub struct Reader {
     half: OwnedReadHalf,
@@ -123,6 +133,42 @@ impl Reader {
             held: None,
             started: None,
             eof: false,
+        }
+    }
+
+    /// The socket's reading half, and what was read from it and not yet taken, apart: the
+    /// connection moves to another runtime (control.rs) and goes on where it was.
+    pub fn park(self) -> (OwnedReadHalf, Parked) {
+        let Reader {
+            half,
+            buf,
+            codec,
+            large,
+            held,
+            started,
+            eof,
+        } = self;
+        let parked = Parked {
+            buf,
+            codec,
+            large,
+            held,
+            started,
+            eof,
+        };
+        (half, parked)
+    }
+
+    /// A parked reader on its (re-registered) socket.
+    pub fn unpark(half: OwnedReadHalf, p: Parked) -> Reader {
+        Reader {
+            half,
+            buf: p.buf,
+            codec: p.codec,
+            large: p.large,
+            held: p.held,
+            started: p.started,
+            eof: p.eof,
         }
     }
 

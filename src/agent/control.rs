@@ -4,13 +4,17 @@
 //! one write. Every line gets exactly one answer (a blank one is a `bad_request`), except on a
 //! watching connection, where lines the client sends are refused one by one in the stream.
 //!
-//! Limits (see conn.rs for the per-connection ones): at most `MAX_CONNECTIONS` at once, the
-//! next is answered `busy` and closed; a role is re-read from `[access]` when a reload changed
-//! it, also on connections already open.
+//! Limits (see conn.rs for the per-connection ones, admission.rs for who gets a connection
+//! slot and how a refusal is told); a role is re-read from `[access]` when a reload changed it,
+//! also on connections already open.
+//!
+//! Where connections run: the accept loop and every new connection run beside the core's loop,
+//! on its thread (daemon.rs), so an operator's `status` is accepted, read, answered and written
+//! without waiting behind the tasks of hundreds of reporters. A connection moves to the
+//! runtime's workers (`Control::reporters`) as soon as the first request of a batch is not an
+//! operator's request: a report, a watch, or a bad line. Reporters and watchers, the bulk of
+//! the socket's traffic, so never run on the core's thread.
 
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::unix::OwnedWriteHalf;
@@ -20,80 +24,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::Access;
+use super::admission::{self, Admission, Slot, Slots};
 use super::conn::{self, Line, Reader, Stop};
 use super::inbox::{self, Answered, Published, ShellMsg};
-use super::paths;
 use crate::core::Peer;
 use crate::protocol::{self, ErrorCode, Failure, Request, Response};
 
-/// Most connections open at once. Far above what a host needs (a reporter per replica, a few
-/// routers and watchers, operators' one-shot commands), and under the 1024 file descriptors a
-/// process gets by default outside systemd; the one after it is told `busy` and closed, so a
-/// flood of connections costs bounded memory and file descriptors.
-pub const MAX_CONNECTIONS: usize = 512;
-
-/// Binds the socket: checks its directory first (paths.rs), replaces only a stale socket nobody
-/// answers on (never a file of another kind), then binds, chmods 0660 and listens, so nobody
-/// connects before the permissions hold.
-pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    use nix::sys::socket::{
-        bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
-    };
-    paths::secure_dir(paths::parent_of(path), 0o755, "socket directory")?;
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(_) => anyhow::bail!("{}: another daemon is listening there", path.display()),
-                Err(_) => {
-                    // Nobody answers: a socket left by a daemon that died. Safe to replace.
-                    std::fs::remove_file(path).map_err(|e| {
-                        anyhow::anyhow!("removing stale socket {}: {e}", path.display())
-                    })?;
-                }
-            }
-        }
-        Ok(meta) => anyhow::bail!(
-            "{}: there is a {} there, not a socket; hearth does not delete it: remove it if it \
-             is not needed, or set daemon.socket to another path",
-            path.display(),
-            kind(&meta.file_type())
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => anyhow::bail!("{}: {e}", path.display()),
-    }
-    let fd: OwnedFd = socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        None,
-    )?;
-    bind(
-        std::os::fd::AsRawFd::as_raw_fd(&fd),
-        &UnixAddr::new(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-    )
-    .map_err(|e| anyhow::anyhow!("binding {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    listen(&fd, Backlog::new(1024)?)?;
-    let std_listener = std::os::unix::net::UnixListener::from(fd);
-    Ok(UnixListener::from_std(std_listener)?)
-}
-
-/// What a file type is, in words.
-fn kind(t: &std::fs::FileType) -> &'static str {
-    if t.is_file() {
-        "regular file"
-    } else if t.is_dir() {
-        "directory"
-    } else if t.is_symlink() {
-        "symlink"
-    } else if t.is_fifo() {
-        "FIFO"
-    } else if t.is_block_device() || t.is_char_device() {
-        "device"
-    } else {
-        "file"
-    }
-}
+pub use super::admission::MAX_CONNECTIONS;
+pub use super::listen::bind;
 
 #[derive(Clone)]
 pub struct Control {
@@ -104,6 +42,9 @@ pub struct Control {
     pub operators: inbox::Sender,
     pub published: broadcast::Sender<Arc<Published>>,
     pub access: Arc<Access>,
+    /// Where a connection moves once it turns out to report, watch or send bad lines (the
+    /// runtime's workers); `None` where it already runs there.
+    pub reporters: Option<tokio::runtime::Handle>,
 }
 
 /// Accepts connections until `shutdown`; the tracker lets the daemon wait for them.
@@ -113,24 +54,36 @@ pub async fn serve(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new();
+    let drains = Arc::new(Semaphore::new(admission::DRAINS));
     let large = Arc::new(Semaphore::new(conn::LARGE_LINES));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        let control = control.clone();
-                        let shutdown = shutdown.clone();
-                        let large = large.clone();
-                        tracker.spawn(async move {
-                            connection(stream, control, large, shutdown).await;
-                            drop(slot);
-                        });
+                Ok((stream, _)) => {
+                    let cred = match stream.peer_cred() {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!("peer credentials unavailable: {e}");
+                            continue;
+                        }
+                    };
+                    match slots.admit(cred.uid(), control.access.privileged(cred.uid())) {
+                        Admission::Admitted { slot, must_be_admin } => {
+                            let c = Connection {
+                                control: control.clone(),
+                                large: large.clone(),
+                                drains: drains.clone(),
+                                shutdown: shutdown.clone(),
+                                tracker: tracker.clone(),
+                                _slot: slot,
+                            };
+                            tracker.spawn(c.start(stream, cred, must_be_admin));
+                        }
+                        Admission::Busy(why) => admission::refuse(stream, why, &drains, &tracker),
                     }
-                    Err(_) => refuse_busy(stream),
-                },
+                }
                 Err(e) => {
                     // EMFILE and friends: don't spin, don't die.
                     tracing::warn!("accept failed: {e}");
@@ -138,23 +91,6 @@ pub async fn serve(
                 }
             }
         }
-    }
-}
-
-/// One connection too many: told so in one line (the socket buffer of a new connection takes
-/// it without waiting), then closed.
-fn refuse_busy(stream: UnixStream) {
-    use std::io::Write;
-    let f = Failure::new(
-        ErrorCode::Busy,
-        format!("too many connections ({MAX_CONNECTIONS} open); try again"),
-    );
-    let mut line = protocol::encode_answer(&Err(f));
-    line.push('\n');
-    // Written directly (the socket is non-blocking): tokio's own `try_write` would wait for a
-    // readiness event a socket this new has not had yet.
-    if let Ok(s) = stream.into_std() {
-        let _ = (&s).write(line.as_bytes());
     }
 }
 
@@ -173,6 +109,13 @@ impl Who {
     async fn resolve(&mut self, access: &Arc<Access>) -> bool {
         let generation = access.generation();
         let (a, uid, gid, pid) = (access.clone(), self.uid, self.gid, self.pid);
+        if access.privileged(uid) {
+            // Admin without the user database: what is left to read is the peer's process
+            // group and cgroup, from the kernel.
+            self.peer = a.peer(uid, gid, pid);
+            self.generation = generation;
+            return true;
+        }
         match tokio::task::spawn_blocking(move || a.peer(uid, gid, pid)).await {
             Ok(p) => {
                 self.peer = p;
@@ -190,135 +133,235 @@ impl Who {
     }
 }
 
-async fn connection(
-    stream: UnixStream,
+/// One admitted connection: what it needs wherever it runs, and the slot it holds until it ends.
+struct Connection {
     control: Control,
     large: Arc<Semaphore>,
+    drains: Arc<Semaphore>,
     shutdown: CancellationToken,
-) {
-    let mut who = match stream.peer_cred() {
-        Ok(c) => Who {
-            uid: c.uid(),
-            gid: c.gid(),
-            pid: c.pid(),
+    tracker: TaskTracker,
+    _slot: Slot,
+}
+
+impl Connection {
+    async fn start(self, stream: UnixStream, cred: tokio::net::unix::UCred, must_be_admin: bool) {
+        let mut who = Who {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            pid: cred.pid(),
             peer: Peer {
-                uid: c.uid(),
+                uid: cred.uid(),
                 pid: None,
                 pgid: None,
                 replica: None,
                 role: protocol::Role::None,
             },
             generation: 0,
-        },
-        Err(e) => {
-            tracing::warn!("peer credentials unavailable: {e}");
+        };
+        if !who.resolve(&self.control.access).await {
             return;
         }
-    };
-    if !who.resolve(&control.access).await {
-        return;
+        if must_be_admin && who.peer.role != protocol::Role::Admin {
+            let why = format!(
+                "too many connections ({} open; the last {} are kept for admins); try again",
+                MAX_CONNECTIONS,
+                admission::RESERVED_FOR_ADMINS
+            );
+            admission::refuse(stream, why, &self.drains, &self.tracker);
+            return;
+        }
+        let (read, write) = stream.into_split();
+        let reader = Reader::new(read, self.large.clone());
+        self.serve(reader, write, who, None).await;
     }
-    let (read, mut write) = stream.into_split();
-    let mut reader = Reader::new(read, large);
-    loop {
-        let mut item = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            item = reader.line(true) => item,
+
+    /// Moves the connection to `to` (see the module's comment), where it goes on with `first`,
+    /// the line it just read.
+    fn move_to(
+        mut self,
+        to: tokio::runtime::Handle,
+        reader: Reader,
+        write: OwnedWriteHalf,
+        who: Who,
+        first: Result<Line, Stop>,
+    ) {
+        let (read, parked) = reader.park();
+        let Ok(stream) = read.reunite(write) else {
+            return;
         };
-        // Take every request already buffered (pipelined), up to BATCH: all of them go to the
-        // core before the first answer is awaited, and their answers leave in one write.
-        let mut answers: Vec<Pending> = Vec::new();
-        let mut stopped = None;
-        let mut watching = None;
-        let mut lane = None;
-        let mut taken = 0;
+        let Ok(stream) = stream.into_std() else {
+            return;
+        };
+        self.control.reporters = None;
+        let tracker = self.tracker.clone();
+        tracker.spawn_on(
+            async move {
+                let Ok(stream) = UnixStream::from_std(stream) else {
+                    return;
+                };
+                let (read, write) = stream.into_split();
+                self.serve(Reader::unpark(read, parked), write, who, Some(first))
+                    .await;
+            },
+            &to,
+        );
+    }
+
+    /// Requests and their answers until the connection ends (or moves).
+    async fn serve(
+        self,
+        mut reader: Reader,
+        mut write: OwnedWriteHalf,
+        mut who: Who,
+        mut first: Option<Result<Line, Stop>>,
+    ) {
+        let control = &self.control;
+        let shutdown = &self.shutdown;
         loop {
-            match item {
-                Err(stop) => {
-                    stopped = Some(stop);
-                    break;
+            let mut item = match first.take() {
+                Some(item) => item,
+                None => tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    item = reader.line(true) => item,
+                },
+            };
+            if let Some(to) = &control.reporters {
+                if moves(&item) {
+                    let to = to.clone();
+                    self.move_to(to, reader, write, who, item);
+                    return;
                 }
-                Ok(line) => match classify(line) {
-                    Classified::Refused(f) => answers.push(Pending::Ready(Err(f))),
-                    Classified::Watch(request, model) => {
-                        watching = Some((request, model));
+            }
+            // Take every request already buffered (pipelined), up to BATCH: all of them go to the
+            // core before the first answer is awaited, and their answers leave in one write.
+            let mut answers: Vec<Pending> = Vec::new();
+            let mut stopped = None;
+            let mut watching = None;
+            let mut lane = None;
+            let mut taken = 0;
+            loop {
+                match item {
+                    Err(stop) => {
+                        stopped = Some(stop);
                         break;
                     }
-                    Classified::Ask(request) => {
-                        if !who.current(&control.access).await {
-                            return;
+                    Ok(line) => match classify(line) {
+                        Classified::Refused(f) => answers.push(Pending::Ready(Err(f))),
+                        Classified::Watch(request, model) => {
+                            watching = Some((request, model));
+                            break;
                         }
-                        let to = Lane::of(&request);
-                        // One connection's requests take effect in the order it sent them:
-                        // before one goes to the other lane, the answers still out on this one
-                        // are waited for.
-                        if lane.is_some_and(|l| l != to) && !settle(&mut answers).await {
-                            return;
+                        Classified::Ask(request) => {
+                            if !who.current(&control.access).await {
+                                return;
+                            }
+                            let to = Lane::of(&request);
+                            // One connection's requests take effect in the order it sent them:
+                            // before one goes to the other lane, the answers still out on this one
+                            // are waited for.
+                            if lane.is_some_and(|l| l != to) && !settle(&mut answers).await {
+                                return;
+                            }
+                            lane = Some(to);
+                            let (reply, rx) = oneshot::channel();
+                            let msg = ShellMsg::Request {
+                                peer: who.peer.clone(),
+                                request,
+                                reply,
+                            };
+                            if control.sender(to).send(msg).await.is_err() {
+                                return;
+                            }
+                            answers.push(Pending::Core(rx));
                         }
-                        lane = Some(to);
-                        let (reply, rx) = oneshot::channel();
-                        let msg = ShellMsg::Request {
-                            peer: who.peer.clone(),
-                            request,
-                            reply,
-                        };
-                        if control.sender(to).send(msg).await.is_err() {
-                            return;
-                        }
-                        answers.push(Pending::Core(rx));
-                    }
-                },
+                    },
+                }
+                taken += 1;
+                // A complete line in the read buffer is decoded without touching the socket.
+                if taken >= BATCH || !reader.has_line() {
+                    break;
+                }
+                item = reader.line(true).await;
             }
-            taken += 1;
-            // A complete line in the read buffer is decoded without touching the socket.
-            if taken >= BATCH || !reader.has_line() {
-                break;
-            }
-            item = reader.line(true).await;
-        }
-        // Answers in request order, written together.
-        if !settle(&mut answers).await {
-            return;
-        }
-        let mut out = String::new();
-        for a in answers.drain(..) {
-            if let Pending::Ready(answer) = a {
-                out.push_str(&protocol::encode_answer(&answer));
-                out.push('\n');
-            }
-        }
-        if let Some(Stop::SlowLine) = stopped {
-            let f = Failure::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "a line must be complete within {} s of its first byte; closing",
-                    conn::LINE_TIMEOUT.as_secs()
-                ),
-            );
-            out.push_str(&protocol::encode_answer(&Err(f)));
-            out.push('\n');
-        }
-        if !out.is_empty() && !conn::write(&mut write, out.as_bytes()).await {
-            return;
-        }
-        if stopped.is_some() {
-            return;
-        }
-        if let Some((request, model)) = watching {
-            if !watch(
-                &mut reader,
-                &mut write,
-                &control,
-                &mut who,
-                request,
-                model,
-                &shutdown,
-            )
-            .await
-            {
+            // Answers in request order, written together.
+            if !settle(&mut answers).await {
                 return;
             }
+            let ready: Vec<protocol::Answer> = answers
+                .drain(..)
+                .filter_map(|a| match a {
+                    Pending::Ready(answer) => Some(answer),
+                    Pending::Core(_) => None,
+                })
+                .collect();
+            // A status lists every replica: on the core's thread, it is written out on a
+            // thread of the blocking pool rather than between two turns of the loop.
+            let big = ready
+                .iter()
+                .any(|a| matches!(a, Ok(Response::Status { .. })));
+            let mut out = if big && control.reporters.is_some() {
+                match tokio::task::spawn_blocking(move || encode_all(&ready)).await {
+                    Ok(out) => out,
+                    Err(_) => return,
+                }
+            } else {
+                encode_all(&ready)
+            };
+            if let Some(Stop::SlowLine) = stopped {
+                let f = Failure::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "a line must be complete within {} s of its first byte; closing",
+                        conn::LINE_TIMEOUT.as_secs()
+                    ),
+                );
+                out.push_str(&protocol::encode_answer(&Err(f)));
+                out.push('\n');
+            }
+            if !out.is_empty() && !conn::write(&mut write, out.as_bytes()).await {
+                return;
+            }
+            if stopped.is_some() {
+                return;
+            }
+            if let Some((request, model)) = watching {
+                if !watch(
+                    &mut reader,
+                    &mut write,
+                    control,
+                    &mut who,
+                    request,
+                    model,
+                    shutdown,
+                )
+                .await
+                {
+                    return;
+                }
+            }
         }
+    }
+}
+
+/// Answers as lines, in order.
+fn encode_all(answers: &[protocol::Answer]) -> String {
+    let mut out = String::new();
+    for answer in answers {
+        out.push_str(&protocol::encode_answer(answer));
+        out.push('\n');
+    }
+    out
+}
+
+/// A line that is not an operator's request: the connection leaves the core's thread.
+fn moves(item: &Result<Line, Stop>) -> bool {
+    match item {
+        Err(_) => false,
+        Ok(Line::Text(t)) => !matches!(
+            protocol::parse_request(t),
+            Ok(r) if !matches!(r, Request::Report(_) | Request::Watch { .. })
+        ),
+        Ok(_) => true,
     }
 }
 

@@ -18,6 +18,7 @@ use super::account::Accounts;
 use super::containment;
 use super::containment::Containment;
 use super::control::{self, Control};
+use super::core_thread::on_own_thread;
 use super::effects::{Effects, Workers};
 use super::gpu_monitor::MonitorSink;
 use super::gpu_owner::Attribution;
@@ -98,6 +99,9 @@ struct Shell {
     reexec: Option<upgrade::Reexec>,
     listener_fd: std::os::fd::RawFd,
     upgrade_due: mpsc::Sender<()>,
+    /// The runtime's workers, where what the loop starts runs (the loop has a thread of its
+    /// own: `on_own_thread`).
+    workers: tokio::runtime::Handle,
 }
 
 impl Daemon {
@@ -174,13 +178,10 @@ impl Daemon {
             operators: operators_tx.clone(),
             published: published.clone(),
             access: access.clone(),
+            reporters: Some(tokio::runtime::Handle::current()),
         };
-        tracker.spawn(control::serve(
-            listener,
-            control,
-            shutdown.clone(),
-            tracker.clone(),
-        ));
+        // Served from the core's thread (below).
+        let listener = listener.into_std()?;
         let recorder = Arc::new(Recorder::new());
         if let Some(l) = metrics_listener {
             if let Ok(addr) = l.local_addr() {
@@ -228,8 +229,58 @@ impl Daemon {
             reexec,
             listener_fd,
             upgrade_due,
+            workers: tokio::runtime::Handle::current(),
         };
-        shell.start(how, adopted);
+        on_own_thread(async move {
+            // From here on, on the core's own thread (see `on_own_thread`).
+            let listener = UnixListener::from_std(listener)?;
+            tracker.spawn(control::serve(
+                listener,
+                control,
+                shutdown.clone(),
+                tracker.clone(),
+            ));
+            shell.tick = ticker(shell.tick.period());
+            shell
+                .run(how, adopted, stop, hup, rx, operators_rx, upgrade_wake)
+                .await;
+            shell.fx.finish(Duration::from_secs(2));
+            shutdown.cancel();
+            tracker.close();
+            let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+            sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+            containment.close();
+            match std::fs::remove_file(&socket_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("removing {}: {e}", socket_path.display()),
+            }
+            tracing::info!("stopped");
+            Ok(())
+        })
+        .await
+    }
+}
+
+impl Shell {
+    /// The loop: until every replica is gone after a shutdown (or its deadline passed).
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &mut self,
+        how: Adoption,
+        adopted: Ledger,
+        stop: mpsc::Receiver<bool>,
+        hup: mpsc::Receiver<()>,
+        inbox: mpsc::Receiver<ShellMsg>,
+        operators: mpsc::Receiver<ShellMsg>,
+        upgrade: mpsc::Receiver<()>,
+    ) {
+        let shell = self;
+        {
+            let workers = shell.workers.clone();
+            let _on_workers = workers.enter();
+            shell.start(how, adopted);
+        }
         // Pings come from this loop, the one that owns the core, and from nowhere else: if the
         // core hangs in `handle`, or the loop stops turning, they stop and systemd restarts us.
         let watchdog = shell.notifier.watchdog_interval().map(ticker);
@@ -244,53 +295,63 @@ impl Daemon {
             stop,
             hup,
             watchdog,
-            inbox: rx,
-            operators: operators_rx,
+            inbox,
+            operators,
             operators_first: true,
             deadline: None,
-            upgrade: upgrade_wake,
+            upgrade,
         };
 
+        // Work done since the loop last let the connections on its thread run.
+        let mut worked = Duration::ZERO;
         while !shell.fx.done() {
-            match sources.next(&mut shell.tick).await {
-                Wake::Msg(msg) => shell.message(msg),
-                Wake::Stop(immediate) => {
-                    if !shell.stopping {
-                        // Checked: shutdown_timeout is whatever the file said.
-                        sources.deadline = shell
-                            .node
-                            .config()
-                            .daemon
-                            .shutdown_timeout
-                            .checked_add(Duration::from_secs(5))
-                            .and_then(|d| tokio::time::Instant::now().checked_add(d));
-                    }
-                    shell.stop(immediate);
-                }
-                Wake::Hangup => shell.event(Event::ReloadSignal),
-                Wake::Watchdog => shell.notifier.watchdog(),
-                Wake::Upgrade => shell.reexecute(),
-                Wake::Tick => shell.event(Event::Tick),
-                Wake::Deadline => {
-                    tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
-                    break;
-                }
+            let wake = sources.next(&mut shell.tick).await;
+            let began = Instant::now();
+            if !shell.wake(wake, &mut sources) {
+                break;
+            }
+            worked += began.elapsed();
+            // Under a flood the queues never run dry and the loop would run until the runtime's
+            // budget (128 messages, milliseconds of work) stops it, while an operator's
+            // connection on this thread waits to be accepted, read or answered. It steps aside
+            // after `TURN` of work instead.
+            if worked >= TURN {
+                worked = Duration::ZERO;
+                tokio::task::yield_now().await;
             }
         }
+    }
 
-        shell.fx.finish(Duration::from_secs(2));
-        shutdown.cancel();
-        tracker.close();
-        let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
-        sampling.store(true, std::sync::atomic::Ordering::Relaxed);
-        containment.close();
-        match std::fs::remove_file(&socket_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!("removing {}: {e}", socket_path.display()),
+    /// Handles one wake-up; false: leave the loop. Whatever it starts is spawned on the
+    /// runtime's workers, not on the core's thread.
+    fn wake(&mut self, wake: Wake, sources: &mut Sources) -> bool {
+        let workers = self.workers.clone();
+        let _on_workers = workers.enter();
+        match wake {
+            Wake::Msg(msg) => self.message(msg),
+            Wake::Stop(immediate) => {
+                if !self.stopping {
+                    // Checked: shutdown_timeout is whatever the file said.
+                    sources.deadline = self
+                        .node
+                        .config()
+                        .daemon
+                        .shutdown_timeout
+                        .checked_add(Duration::from_secs(5))
+                        .and_then(|d| tokio::time::Instant::now().checked_add(d));
+                }
+                self.stop(immediate);
+            }
+            Wake::Hangup => self.event(Event::ReloadSignal),
+            Wake::Watchdog => self.notifier.watchdog(),
+            Wake::Upgrade => self.reexecute(),
+            Wake::Tick => self.event(Event::Tick),
+            Wake::Deadline => {
+                tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
+                return false;
+            }
         }
-        tracing::info!("stopped");
-        Ok(())
+        true
     }
 }
 
@@ -493,6 +554,9 @@ impl Shell {
         status_line(&st, &self.gpu_kind, self.stopping)
     }
 }
+
+/// Work the loop does before it lets the other tasks on its thread run (see `Shell::run`).
+const TURN: Duration = Duration::from_micros(200);
 
 /// How long the answer to `upgrade` gets to reach its client before the exec closes every
 /// connection.

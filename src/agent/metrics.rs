@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::inbox::{self, ShellMsg};
+use crate::openmetrics::{self, family};
 use crate::protocol::StatusView;
 
 /// Every metric name starts with this.
@@ -161,38 +162,13 @@ impl Recorder {
 
     /// The whole exposition: what the event loop recorded, then the snapshot, then `# EOF`.
     pub fn render(&self, snapshot: StatusView) -> String {
-        let mut out = String::new();
-        let mut fresh = Registry::with_prefix(PREFIX);
-        fresh.register_collector(Box::new(Snapshot(snapshot)));
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
-        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &fresh);
-        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
-        out
+        openmetrics::render(&self.registry, PREFIX, Box::new(Snapshot(snapshot)))
     }
 }
 
 /// The gauges of one status snapshot.
 #[derive(Debug)]
 struct Snapshot(StatusView);
-
-/// One metric family from (labels, value) pairs; nothing at all when there are none.
-fn family<L: EncodeLabelSet, M: EncodeMetric>(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    samples: Vec<(L, M)>,
-) -> Result<(), std::fmt::Error> {
-    let Some((_, first)) = samples.first() else {
-        return Ok(());
-    };
-    let kind = first.metric_type();
-    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
-    for (labels, value) in &samples {
-        value.encode(metric.encode_family(labels)?)?;
-    }
-    Ok(())
-}
 
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -387,9 +363,7 @@ async fn answer<B>(
     let mut r = Response::new(Full::new(Bytes::from(body)));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        hyper::header::HeaderValue::from_static(openmetrics::CONTENT_TYPE),
     );
     r
 }

@@ -2,9 +2,11 @@
 
 pub mod access;
 pub mod account;
+pub mod admission;
 pub mod conn;
 pub mod containment;
 pub mod control;
+mod core_thread;
 pub mod daemon;
 mod effects;
 pub mod gpu_monitor;
@@ -12,6 +14,7 @@ pub mod gpu_owner;
 pub mod inbox;
 pub mod inventory;
 pub mod ledger;
+mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod notify;

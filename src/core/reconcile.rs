@@ -1,7 +1,7 @@
 //! The reconciler: after every event, move each model toward its desired routed count and warm
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,16 @@ pub(super) struct Counts {
     pub starting: u32,
     pub pending: u32,
 }
+
+/// Replicas one event may create for a model, and starts it may place: the work one event
+/// asks of the loop (and of the spawner) is bounded whatever a `scale` asked for. Far above
+/// what a GPU host starts at once; a thousand CPU replicas take about 30 events (each start's
+/// `Spawned` is one), not one event of tens of milliseconds.
+pub const STARTS_PER_EVENT: u32 = 32;
+
+/// Routed replicas one event may unroute for a scale down (to the pool or to a drain): the
+/// rest follow with the next events, as starts do.
+pub const DRAINS_PER_EVENT: u32 = 32;
 
 impl Node {
     pub(super) fn reconcile(&mut self, now: Time, out: &mut Vec<Action>) {
@@ -134,11 +144,14 @@ impl Node {
             .values()
             .filter(|r| r.model == name && r.state == ReplicaState::Starting && r.was_routed)
             .count() as u32;
+        // Those that were routed before the daemon died first, then the oldest. Ranked once:
+        // promoting one changes no other's rank (a walk over every replica per promotion made
+        // a scale to a thousand cost O(n²)).
+        let mut promotable = self
+            .ranked(name, |r| r.promotable(), |r| (!r.was_routed, r.n))
+            .into_iter();
         while c.routed + verifying < desired {
-            let pick = self
-                .pick(name, |r| r.promotable() && r.was_routed, false)
-                .or_else(|| self.pick(name, |r| r.promotable(), false));
-            let Some(id) = pick else {
+            let Some(id) = promotable.next() else {
                 break;
             };
             let warm_before = self
@@ -202,8 +215,21 @@ impl Node {
 
         // Too many routed: back to the pool if it is short (what it holds it finishes there),
         // else drain.
-        while c.routed > desired {
-            let Some(id) = self.pick_least_busy_routed(name) else {
+        // The least busy first, the newest among equals; ranked once, as above.
+        let mut least_busy = self
+            .ranked(
+                name,
+                |r| r.state == ReplicaState::Routed,
+                |r| {
+                    let busy = r.signal.last().map_or(0, |s| s.in_flight + s.queue_depth);
+                    (busy, std::cmp::Reverse(r.n))
+                },
+            )
+            .into_iter();
+        let mut scaled_down = 0;
+        while c.routed > desired && scaled_down < DRAINS_PER_EVENT {
+            scaled_down += 1;
+            let Some(id) = least_busy.next() else {
                 break;
             };
             if c.warm < fill {
@@ -232,7 +258,10 @@ impl Node {
         let keep = desired.saturating_sub(c.routed) + pool;
         if coming < need {
             let room = max.saturating_sub(c.routed + coming);
-            for _ in 0..(need - coming).min(room) {
+            // At most a batch per event: the rest come with the events that follow (every
+            // start answers with one), so `scale` to a thousand costs the loop no more than
+            // any other event.
+            for _ in 0..(need - coming).min(room).min(STARTS_PER_EVENT) {
                 self.create_pending(name, now, out);
             }
         } else if coming > keep {
@@ -254,15 +283,18 @@ impl Node {
                 ReplicaState::Starting,
                 ReplicaState::Warm,
             ] {
+                // Adopted replicas re-verifying their warm-up are not surplus: they are the
+                // capacity being taken back. The newest first; ranked once, as above.
+                let surplus_of = |r: &Replica| {
+                    r.state == state
+                        && !finishing(r)
+                        && !(r.adopted && r.state == ReplicaState::Starting)
+                };
+                let mut newest = self
+                    .ranked(name, surplus_of, |r| std::cmp::Reverse(r.n))
+                    .into_iter();
                 while surplus > 0 {
-                    // Adopted replicas re-verifying their warm-up are not surplus: they are
-                    // the capacity being taken back.
-                    let surplus_of = |r: &Replica| {
-                        r.state == state
-                            && !finishing(r)
-                            && !(r.adopted && r.state == ReplicaState::Starting)
-                    };
-                    let Some(id) = self.pick(name, surplus_of, true) else {
+                    let Some(id) = newest.next() else {
                         break;
                     };
                     self.stop(&id, "surplus: more than the model needs", false, now, out);
@@ -294,16 +326,22 @@ impl Node {
         r.map(|r| r.id.clone())
     }
 
-    /// The routed replica with the least reported work, the newest among equals.
-    fn pick_least_busy_routed(&self, model: &str) -> Option<ReplicaId> {
-        self.replicas
+    /// The replicas of the model that match, in `key`'s order: for a loop that takes several
+    /// in turn, one walk and a sort instead of a walk per pick.
+    fn ranked<K: Ord>(
+        &self,
+        model: &str,
+        f: impl Fn(&Replica) -> bool,
+        key: impl Fn(&Replica) -> K,
+    ) -> Vec<ReplicaId> {
+        let mut v: Vec<(K, ReplicaId)> = self
+            .replicas
             .values()
-            .filter(|r| r.model == model && r.state == ReplicaState::Routed)
-            .min_by_key(|r| {
-                let busy = r.signal.last().map_or(0, |s| s.in_flight + s.queue_depth);
-                (busy, std::cmp::Reverse(r.n))
-            })
-            .map(|r| r.id.clone())
+            .filter(|r| r.model == model && f(r))
+            .map(|r| (key(r), r.id.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().map(|(_, id)| id).collect()
     }
 
     fn create_pending(&mut self, model: &str, now: Time, out: &mut Vec<Action>) {
@@ -357,11 +395,25 @@ impl Node {
         // back here): the others are not scanned for one, so a pass costs O(pending), not
         // O(pending × ports).
         let mut ports_left = true;
+        // Starts placed in this pass: at most a batch (see `STARTS_PER_EVENT`); the rest stay
+        // pending, oldest first, for the next event.
+        let mut placed_now = 0;
+        // Models whose pending replicas this pass looked at: a model it did not reach keeps
+        // what it last said about capacity.
+        let mut reached: BTreeSet<String> = BTreeSet::new();
+        // What each model's starts wait for (`held_for`, a walk over every replica), taken once
+        // per pass and again only after this pass changed it (a start placed on devices, a
+        // replica reclaimed): a pass costs O(pending + replicas), not O(pending × replicas).
+        let mut held_by_model: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for (_, _, _, id) in pending {
+            if placed_now >= STARTS_PER_EVENT {
+                break;
+            }
             let Some(r) = self.replicas.get(&id) else {
                 continue;
             };
             let model = r.model.clone();
+            reached.insert(model.clone());
             let Some(m) = self.models.get(&model) else {
                 continue;
             };
@@ -380,10 +432,12 @@ impl Node {
             // Placed as if nothing were held; a device that is held (a start under way on it,
             // or the first memory readings pending) is then waited for, never swapped for
             // another: `pack` still fills one device, and a multi-GPU set is never split.
-            let held = self.held_for(&model, now);
             let nothing = BTreeSet::new();
             let placed = match self.gpus.place(&want(&nothing)) {
                 Ok(p) => {
+                    let held = held_by_model
+                        .entry(model.clone())
+                        .or_insert_with(|| self.held_for(&model, now));
                     if let Some(wait) = p.devices.iter().find_map(|u| held.get(u)).cloned() {
                         if let Some(r) = self.replicas.get_mut(&id) {
                             r.reason = wait;
@@ -394,7 +448,10 @@ impl Node {
                 }
                 Err(why) => {
                     let why = match self.reclaim_for(&id, now, out) {
-                        Some(victim) => format!("{why}; reclaiming the GPU of {victim}"),
+                        Some(victim) => {
+                            held_by_model.clear();
+                            format!("{why}; reclaiming the GPU of {victim}")
+                        }
                         None => why,
                     };
                     if let Some(r) = self.replicas.get_mut(&id) {
@@ -424,12 +481,19 @@ impl Node {
             r.spawned_at = Some(now);
             self.gpus
                 .reserve(&id, &placed.devices, placed.bytes, exclusive);
+            if !placed.devices.is_empty() {
+                held_by_model.clear();
+            }
+            placed_now += 1;
             self.set_state(&id, ReplicaState::Starting, now, out);
             if let Some(spec) = self.spawn_spec(&id) {
                 out.push(Action::Spawn(spec));
             }
         }
         for (model, why) in blocked {
+            if placed_now >= STARTS_PER_EVENT && !reached.contains(&model) {
+                continue;
+            }
             if let Some(m) = self.models.get_mut(&model) {
                 m.no_capacity = why;
             }

@@ -48,7 +48,7 @@ pub async fn handle(
     let resp = match (req.method(), path) {
         (&Method::GET, "/metrics") => errors::text_response(
             StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            crate::openmetrics::CONTENT_TYPE,
             router
                 .metrics
                 .render(router.states(), router.is_daemon_connected()),

@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 
 use super::queue::ModelState;
 use super::settings::ModelRoute;
+use crate::openmetrics::{self, family};
 
 const PREFIX: &str = "hearth_route";
 
@@ -156,17 +157,14 @@ impl Metrics {
 
     /// The whole exposition: recorded series, then the queue's gauges now, then `# EOF`.
     pub fn render(&self, states: Vec<ModelState>, daemon_connected: bool) -> String {
-        let mut out = String::new();
-        let mut now = Registry::with_prefix(PREFIX);
-        now.register_collector(Box::new(Gauges {
-            states,
-            daemon_connected,
-        }));
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
-        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &now);
-        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
-        out
+        openmetrics::render(
+            &self.registry,
+            PREFIX,
+            Box::new(Gauges {
+                states,
+                daemon_connected,
+            }),
+        )
     }
 }
 
@@ -174,23 +172,6 @@ impl Metrics {
 struct Gauges {
     states: Vec<ModelState>,
     daemon_connected: bool,
-}
-
-fn family<L: EncodeLabelSet, M: EncodeMetric>(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    samples: Vec<(L, M)>,
-) -> Result<(), std::fmt::Error> {
-    let Some((_, first)) = samples.first() else {
-        return Ok(());
-    };
-    let kind = first.metric_type();
-    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
-    for (labels, value) in &samples {
-        value.encode(metric.encode_family(labels)?)?;
-    }
-    Ok(())
 }
 
 impl Collector for Gauges {

@@ -1,6 +1,7 @@
 //! The daemon's configuration file, rendered from [`Config`] and [`Model`]s.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 
 /// A TOML basic string (JSON's escapes are TOML's).
@@ -11,6 +12,18 @@ pub fn q(s: &str) -> String {
 fn list(items: &[String]) -> String {
     let items: Vec<String> = items.iter().map(|s| q(s)).collect();
     format!("[{}]", items.join(", "))
+}
+
+/// `hearth toy-server --port {port} ARGS…`, as a model's `command`.
+pub(crate) fn toy_command(args: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        crate::hearth().display().to_string(),
+        "toy-server".into(),
+        "--port".into(),
+        "{port}".into(),
+    ];
+    command.extend(args.iter().map(|s| s.to_string()));
+    command
 }
 
 /// The name of the account this test runs as.
@@ -59,6 +72,7 @@ pub struct Scaling {
     pub down_step: Option<String>,
     pub drain_timeout: Option<String>,
     pub max_up_step: Option<u32>,
+    pub idle_to_zero: Option<String>,
 }
 
 /// One `[[model]]`.
@@ -82,6 +96,8 @@ pub struct Model {
     pub start_alone: Option<bool>,
     pub priority: Option<i32>,
     pub prefetch: Vec<String>,
+    /// `slots`; None leaves the default (1).
+    pub slots: Option<u32>,
     pub stop_grace: String,
     pub warmup: Warmup,
     pub liveness: Option<Liveness>,
@@ -94,13 +110,7 @@ impl Model {
     /// completion (5 s a try, 1 m to start, rechecked every minute), stop_grace 2 s; scaling
     /// target 2 s, down after 10 m of calm by one a 5 m, drains up to 30 s.
     pub fn toy(name: &str, args: &[&str]) -> Model {
-        let mut command = vec![
-            crate::hearth().display().to_string(),
-            "toy-server".into(),
-            "--port".into(),
-            "{port}".into(),
-        ];
-        command.extend(args.iter().map(|s| s.to_string()));
+        let command = toy_command(args);
         Model {
             name: name.to_string(),
             version: "1".into(),
@@ -114,6 +124,7 @@ impl Model {
             start_alone: None,
             priority: None,
             prefetch: Vec::new(),
+            slots: None,
             stop_grace: "2s".into(),
             warmup: Warmup {
                 path: "/v1/completions".into(),
@@ -135,6 +146,7 @@ impl Model {
                 down_step: Some("5m".into()),
                 drain_timeout: Some("30s".into()),
                 max_up_step: None,
+                idle_to_zero: None,
             },
         }
     }
@@ -174,6 +186,12 @@ impl Model {
 
     pub fn stale_after(mut self, d: &str) -> Model {
         self.scaling.stale_after = Some(d.into());
+        self
+    }
+
+    /// `slots = n`: requests one replica serves at once (the router's limit).
+    pub fn slots(mut self, n: u32) -> Model {
+        self.slots = Some(n);
         self
     }
 
@@ -240,6 +258,9 @@ impl Model {
         if !self.prefetch.is_empty() {
             let _ = writeln!(s, "prefetch = {}", list(&self.prefetch));
         }
+        if let Some(n) = self.slots {
+            let _ = writeln!(s, "slots = {n}");
+        }
         let w = &self.warmup;
         let _ = write!(
             s,
@@ -285,6 +306,7 @@ impl Model {
             ("down_stabilization", &c.down_stabilization),
             ("down_step", &c.down_step),
             ("drain_timeout", &c.drain_timeout),
+            ("idle_to_zero", &c.idle_to_zero),
         ] {
             if let Some(v) = value {
                 let _ = writeln!(s, "{key} = {}", q(v));
@@ -313,6 +335,9 @@ pub struct Config {
     pub models: Vec<Model>,
     /// Appended as it is.
     pub extra: String,
+    /// `[route]`, for `hearth route` on the same file: the keys after `listen` (which is the
+    /// daemon's [`crate::Home`]'s, like the paths and ports), as TOML. None: no `[route]`.
+    pub route: Option<String>,
 }
 
 impl Default for Config {
@@ -326,13 +351,21 @@ impl Default for Config {
             gpu_devices: Vec::new(),
             models: Vec::new(),
             extra: String::new(),
+            route: None,
         }
     }
 }
 
 impl Config {
-    /// The file for a daemon in `dir` with replica ports `ports`, its models marked with `mark`.
-    pub fn render(&self, dir: &Path, ports: (u16, u16), mark: (&str, &str)) -> String {
+    /// The file for a daemon in `dir` with replica ports `ports`, its models marked with `mark`;
+    /// `[route]` listens on `listen` (given when `route` is).
+    pub fn render(
+        &self,
+        dir: &Path,
+        ports: (u16, u16),
+        listen: Option<SocketAddr>,
+        mark: (&str, &str),
+    ) -> String {
         // hearth refuses a file without [[model]] unless it says `model = []` (a cut-short file
         // must never read as "stop every model"); the key has to come before any table.
         let mut s = String::from(if self.models.is_empty() {
@@ -369,6 +402,9 @@ impl Config {
             s.push_str(&m.render(mark));
         }
         s.push_str(&self.extra);
+        if let (Some(keys), Some(addr)) = (&self.route, listen) {
+            let _ = write!(s, "\n[route]\nlisten = \"{addr}\"\n{keys}");
+        }
         s
     }
 }

@@ -73,3 +73,29 @@ pub fn request(socket: &Path, req: &Value) -> Value {
         .and_then(|mut c| c.call(req))
         .unwrap_or_else(|e| panic!("request {req} on {}: {e}", socket.display()))
 }
+
+/// Opens `n` connections to `socket` as the user `uid` (root only): the process's effective
+/// uid is switched for the connects and back, and the daemon's SO_PEERCRED reads the uid a
+/// connection was made with. The socket must let that user connect (chmod it 0666 first).
+/// For tests of per-user limits, from a test binary that does nothing else meanwhile.
+pub fn connect_as(socket: &Path, uid: u32, n: usize) -> Vec<UnixStream> {
+    use nix::unistd::{seteuid, Uid};
+    assert!(crate::procs::is_root(), "connect_as needs root");
+    seteuid(Uid::from_raw(uid)).unwrap_or_else(|e| panic!("seteuid({uid}): {e}"));
+    let conns: Vec<io::Result<UnixStream>> = (0..n).map(|_| UnixStream::connect(socket)).collect();
+    seteuid(Uid::from_raw(0)).expect("seteuid back to root");
+    conns
+        .into_iter()
+        .map(|c| c.unwrap_or_else(|e| panic!("connect as uid {uid}: {e}")))
+        .collect()
+}
+
+/// Asks `req` on an open connection and reads one answer line (or fails).
+pub fn ask_on(s: &UnixStream, req: &Value) -> io::Result<Value> {
+    let mut w = s;
+    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+    w.write_all(format!("{req}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io::Read;
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -41,19 +42,27 @@ pub struct Home {
     // directory.
     reaper: Reaper,
     _ports: PortBlock,
+    _route_port: Option<PortBlock>,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub config_path: PathBuf,
     /// The replica port range of the configuration.
     pub ports: (u16, u16),
+    /// `[route] listen`, on a port of its own held as long as the daemon's ports (a router
+    /// started again binds it again), when the configuration has `[route]`.
+    pub route_addr: Option<SocketAddr>,
     pub config: Config,
 }
 
 impl Home {
     /// The configuration file as rendered from `config`.
     pub fn config_text(&self) -> String {
-        self.config
-            .render(self.dir.path(), self.ports, self.reaper.env())
+        self.config.render(
+            self.dir.path(),
+            self.ports,
+            self.route_addr,
+            self.reaper.env(),
+        )
     }
 
     /// Writes the configuration file from `config`.
@@ -70,6 +79,42 @@ impl Home {
     /// The mark (NAME, value) to put in the environment of a process the test starts itself.
     pub fn mark(&self) -> (&'static str, &str) {
         self.reaper.env()
+    }
+
+    /// What the daemon's one containment line says it chose ("cgroup2 subtree at …", "systemd
+    /// scopes under …", "process groups …"). The daemon logs it just after its socket listens,
+    /// so a test that has only waited for the socket waits for the line here.
+    pub fn containment(&self) -> String {
+        crate::wait_until(
+            "the daemon's containment line",
+            Duration::from_secs(20),
+            || {
+                self.log().lines().find_map(|l| {
+                    let (_, chosen) = l.split_once("containment: ")?;
+                    (!chosen.starts_with("not stronger")).then(|| chosen.to_string())
+                })
+            },
+        )
+    }
+
+    /// A toy server on `port` that the daemon did not start (a squatter, a stranger on a
+    /// replica's port), carrying the mark so that cleanup finds it. Started once the port can be
+    /// bound: a process just killed holds its sockets until its last thread has exited, after
+    /// its leader already reads as gone.
+    pub fn squatter(&self, port: &str) -> Child {
+        let n: u16 = port.parse().expect("a port number");
+        crate::wait_until(
+            &format!("port {port} free for the squatter"),
+            Duration::from_secs(10),
+            || std::net::TcpListener::bind(("127.0.0.1", n)).ok().map(drop),
+        );
+        let (k, v) = self.mark();
+        Command::new(crate::hearth())
+            .args(["toy-server", "--port", port])
+            .env(k, v)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start a toy server the daemon does not know")
     }
 
     /// The daemon's stderr so far: its log (empty for an in-process daemon).
@@ -143,6 +188,20 @@ impl Home {
 
     pub fn watch(&self, model: Option<&str>) -> Watch {
         Watch::open(&self.socket, model)
+    }
+
+    /// A replica of `model` by id, if the daemon still has it.
+    pub fn replica(&self, model: &str, id: &str) -> Option<Value> {
+        self.replicas(model).into_iter().find(|r| r["id"] == id)
+    }
+
+    /// Waits until `model` has exactly `n` routed replicas; returns them.
+    pub fn wait_routed(&self, model: &str, n: usize, timeout: Duration) -> Vec<Value> {
+        let what = format!("{n} routed replica(s) of {model}");
+        self.wait_status(&what, timeout, |st| {
+            let routed = status::in_state(st, model, "routed");
+            (routed.len() == n).then_some(routed)
+        })
     }
 
     /// Polls the status until `f` returns Some; panics after `timeout` with the last status and
@@ -340,6 +399,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// `[route]` for `hearth route` on the same file: `listen` on a port of the daemon's, then
+    /// `keys` (TOML) as they are.
+    pub fn route(mut self, keys: &str) -> Self {
+        self.config.route = Some(keys.into());
+        self
+    }
+
     /// How many replica ports (default: the models' `max`, summed, plus 4).
     pub fn ports(mut self, n: u16) -> Self {
         self.ports = Some(n);
@@ -377,6 +443,7 @@ impl DaemonBuilder {
             u16::try_from(max + 4).expect("a port range that fits")
         });
         let block = crate::ports::ports(n);
+        let route_port = self.config.route.is_some().then(|| crate::ports::ports(1));
         let dir = self.dir;
         let reaper = Reaper::new(&dir.path().display().to_string())
             .with_cgroups_of(&dir.path().join("state"));
@@ -384,8 +451,12 @@ impl DaemonBuilder {
             socket: dir.path().join("hearth.sock"),
             config_path: dir.path().join("config.toml"),
             ports: block.range(),
+            route_addr: route_port
+                .as_ref()
+                .map(|b| SocketAddr::from(([127, 0, 0, 1], b.first))),
             config: self.config,
             _ports: block,
+            _route_port: route_port,
             reaper,
             dir,
         };
@@ -456,30 +527,8 @@ impl Launch {
         if home.config.log_level.is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        let (k, v) = home.mark();
-        cmd.env(k, v)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(append(&out))
-            .stderr(append(&log))
-            .process_group(0);
-        let parent = getpid();
-        // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
-        // allocation (an Errno converts to io::Error without one).
-        unsafe {
-            cmd.pre_exec(move || {
-                // A test binary killed from outside takes its daemon along.
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // It may have died before the prctl: then no signal would ever come.
-                if getppid() != parent {
-                    return Err(nix::errno::Errno::ESRCH.into());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {argv:?}: {e}"));
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child = spawn_marked(&mut cmd, home, &out, &log);
         let pid = child.id() as i32;
         (Some(child), pid)
     }
@@ -493,13 +542,40 @@ impl Launch {
     }
 }
 
-/// A log file the daemon appends to: a restarted daemon's lines follow the earlier run's.
+/// Starts a process of the harness's own (the daemon, a router) for `home`: with its mark, no
+/// stdin, stdout and stderr appended to `out` and `err`, in a process group of its own, killed
+/// when the test process dies.
+pub(crate) fn spawn_marked(cmd: &mut Command, home: &Home, out: &Path, err: &Path) -> Child {
+    let (k, v) = home.mark();
+    cmd.env(k, v)
+        .stdin(Stdio::null())
+        .stdout(append(out))
+        .stderr(append(err))
+        .process_group(0);
+    let parent = getpid();
+    // SAFETY: between fork and exec only prctl and getppid, both async-signal-safe, and no
+    // allocation (an Errno converts to io::Error without one).
+    unsafe {
+        cmd.pre_exec(move || {
+            // A test binary killed from outside takes the process along.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // It may have died before the prctl: then no signal would ever come.
+            if getppid() != parent {
+                return Err(nix::errno::Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"))
+}
+
+/// A log file a process appends to: a restarted process's lines follow the earlier run's.
 fn append(path: &Path) -> fs::File {
     fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .expect("the daemon's log file")
+        .expect("a log file")
 }
 
 impl Daemon {

@@ -2,27 +2,29 @@
 //! daemon in a temporary directory, with replicas on a port block of its own, and talks to it
 //! the way users and routers do (its Unix socket, its CLI, HTTP).
 //!
-//! - [`Daemon::builder`]: the configuration ([`Model`], GPUs, metrics, log level, raw TOML), the
-//!   launch (environment, notify socket, watchdog, a wrapper command), then `start` (waits for
-//!   the socket) or `spawn` (does not); [`Home`] is the directory, ports and cleanup before any
-//!   process runs (for an in-process daemon).
+//! - [`Daemon::builder`]: the configuration ([`Model`], GPUs, metrics, log level, `[route]`, raw
+//!   TOML), the launch (environment, notify socket, watchdog, a wrapper command), then `start`
+//!   (waits for the socket) or `spawn` (does not); [`Home`] is the directory, ports and cleanup
+//!   before any process runs (for an in-process daemon, or a test that plays the daemon).
 //! - [`poll`] and [`wait_until`]: the one way to wait for a condition, with a deadline.
 //! - [`Conn`]: a control-socket client; [`Watch`]: a watch connection recorded on a thread.
 //! - [`ports`]: a block of loopback ports no other test on this machine holds.
 //! - [`procs`]: /proc, signals, and the [`Reaper`] that kills every process a test started.
 //! - [`http()`], [`complete`], [`llama_complete`]: HTTP/1.1 to replicas.
 //! - [`NotifyRecorder`]: the service manager's end of `NOTIFY_SOCKET`.
+//! - [`route`]: the front door's tests: `hearth route` on a daemon's file ([`route::Router`],
+//!   [`DaemonBuilder::route`]), HTTP that streams, and [`route::front_door`], the arrange step
+//!   they share.
 //!
 //! Cleanup, also when a test panics: every process the harness starts carries one mark in its
 //! environment, `HEARTH_TESTKIT_MARK=<its daemon's directory>`: the daemon (and so every replica
 //! it forks, and theirs), each rendered model's `env` (for servers started without the daemon's
-//! environment, and for an in-process daemon), and every CLI run. Dropping a [`Daemon`] or a
-//! [`Home`] SIGKILLs the daemon and reaps it, then kills every live process with the mark and
-//! its process group until none is left, then kills and removes the daemon's replica cgroups
-//! ([`cgroups`]: a process that dropped the mark is still found there), and fails the test if one
-//! survives. The daemon also
-//! gets PR_SET_PDEATHSIG, so a test binary killed from outside takes its daemons along, and they
-//! take their replicas.
+//! environment, and for an in-process daemon), every CLI run, and every router. Dropping a
+//! [`Daemon`] or a [`Home`] SIGKILLs the daemon and reaps it, then kills every live process with
+//! the mark and its process group until none is left, then kills and removes the daemon's
+//! replica cgroups ([`cgroups`]: a process that dropped the mark is still found there), and fails
+//! the test if one survives. The daemon and routers also get PR_SET_PDEATHSIG, so a test binary
+//! killed from outside takes them along, and the daemons their replicas.
 
 pub mod cgroups;
 mod config;
@@ -34,6 +36,7 @@ mod notify;
 pub mod ports;
 pub mod procs;
 mod real_model;
+pub mod route;
 pub mod status;
 mod wait;
 mod watch;
@@ -42,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use config::{Config, Liveness, Model};
-pub use conn::{request, Conn};
+pub use conn::{ask_on, connect_as, request, Conn};
 pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
 pub use measure::{
@@ -51,7 +54,7 @@ pub use measure::{
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;
-pub use real_model::{real_model_dir, shared_dir};
+pub use real_model::{openai_python, real_model_dir, shared_dir};
 pub use serde_json::{json, Value};
 pub use wait::{poll, wait_until, POLL};
 pub use watch::{endpoint_ids, endpoints, replica_event, Ev, Watch};

@@ -1,4 +1,5 @@
-//! llama.cpp's real server with a tiny GGUF model (`../shared/real-model`).
+//! Real parts prepared once per checkout: llama.cpp's server with a tiny GGUF model
+//! (`../shared/real-model`), and a Python with the official `openai` client.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,8 +31,41 @@ pub fn real_model_dir() -> PathBuf {
         );
         return d;
     }
-    // target/<profile>/hearth → target
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+    let dir = target_dir().join("real-model");
+    once_in(&dir, "real-model.lock", || {
+        let setup = shared_dir().join("real-model/setup.sh");
+        eprintln!(
+            "setting up llama.cpp's server: {} {}",
+            setup.display(),
+            dir.display()
+        );
+        run_ok(Command::new("bash").arg(&setup).arg(&dir));
+    });
+    dir
+}
+
+/// A Python with the official `openai` package: `HEARTH_OPENAI_PYTHON` (CI sets it), else a
+/// virtual environment made once in `target/openai-venv` (needs the Python package registry).
+pub fn openai_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("HEARTH_OPENAI_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let dir = target_dir().join("openai-venv");
+    once_in(&dir, "openai-venv.lock", || {
+        run_ok(Command::new("python3").args(["-m", "venv"]).arg(&dir));
+        run_ok(Command::new(dir.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--no-cache-dir",
+            "openai",
+        ]));
+    });
+    dir.join("bin/python")
+}
+
+/// `CARGO_TARGET_DIR`, else the `target` the hearth binary was built in (target/<profile>/hearth).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             hearth()
@@ -39,38 +73,34 @@ pub fn real_model_dir() -> PathBuf {
                 .and_then(Path::parent)
                 .expect("the target directory")
                 .to_path_buf()
-        });
-    let dir = target.join("real-model");
-    std::fs::create_dir_all(&dir).expect("create the real-model folder");
-    let lock = std::fs::File::create(target.join("real-model.lock")).expect("the lock file");
+        })
+}
+
+/// Runs `prepare` once into `dir` across test processes (under `target/LOCK_NAME`), marking
+/// `dir` done after; later callers, and callers that waited on the lock, find it done.
+fn once_in(dir: &Path, lock_name: &str, prepare: impl FnOnce()) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let lock = std::fs::File::create(target_dir().join(lock_name)).expect("the lock file");
     let _held = Flock::lock(lock, FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
-        .expect("lock the real-model folder");
+        .unwrap_or_else(|e| panic!("lock {}: {e}", dir.display()));
     let done = dir.join(".setup-done");
     if !done.exists() {
-        let setup = shared_dir().join("real-model/setup.sh");
-        eprintln!(
-            "setting up llama.cpp's server: {} {}",
-            setup.display(),
-            dir.display()
-        );
-        let out = Command::new("bash")
-            .arg(&setup)
-            .arg(&dir)
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", setup.display()));
-        assert!(
-            out.status.success(),
-            "{} {} failed ({}):\n{}\n{}",
-            setup.display(),
-            dir.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        prepare();
         std::fs::write(&done, b"ok\n").expect("mark the setup done");
     }
-    dir
+}
+
+/// Runs `cmd` to its end; panics, with what it printed, unless it succeeds.
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Model {

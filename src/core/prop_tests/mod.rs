@@ -154,6 +154,20 @@ impl World {
             "{after} replicas alive; at most {} can be",
             self.replica_bound
         );
+        // And what one event starts is a batch, whatever was asked (a `scale` to the whole
+        // port range included): replicas created, processes spawned, routed ones unrouted.
+        let batch = super::reconcile::STARTS_PER_EVENT as usize;
+        let models = self.node.models.len().max(1);
+        assert!(
+            after.saturating_sub(before) <= batch * models,
+            "{} replicas created by one event (batch {batch} × {models} models)",
+            after - before
+        );
+        let spawns = out.iter().filter(|a| matches!(a, Action::Spawn(_))).count();
+        assert!(
+            spawns <= batch,
+            "{spawns} spawns for one event (batch {batch})"
+        );
         let work_bound = 64 + 24 * (before + after + self.node.models.len());
         assert!(
             out.len() <= work_bound,
