@@ -289,6 +289,7 @@ impl Autoscaler {
             return None;
         }
         let (mut rate, mut need) = self.envelope?;
+        let mut backlog = 0.0;
         let cap = self.capacity()?;
         // A rise seen in the last seconds counts at once: it is the peak the envelope will hold.
         // It is a rise when it stands two standard deviations of its noise above the envelope
@@ -307,7 +308,7 @@ impl Autoscaler {
             // replica's queue is committed), so it is drained within a share of a cold start.
             let ttr = self.ttr().as_secs_f64();
             let shortfall = (r - f64::from(inp.routed) * cap.mu).max(0.0);
-            let backlog = shortfall * ttr;
+            backlog = shortfall * ttr;
             let drain = (ttr * BACKLOG_DRAIN_SHARE).max(target);
             let size = r + backlog / drain;
             (rate, need) = (r, replicas_needed(size, cap, target, WAIT_TAIL, inp.max));
@@ -325,6 +326,15 @@ impl Autoscaler {
             crate::units::short_duration(inp.scaling.target_wait),
             describe(cap)
         );
+        if backlog >= 1.0 {
+            reason.push_str(&format!(
+                ", and drain the {backlog:.0} that queue meanwhile within {}",
+                crate::units::short_duration(Duration::from_secs_f64(
+                    (self.ttr().as_secs_f64() * BACKLOG_DRAIN_SHARE)
+                        .max(inp.scaling.target_wait.as_secs_f64())
+                ))
+            ));
+        }
         reason.push_str(&capped(need, to, desired, inp));
         Some(Decision { to, reason })
     }
