@@ -635,7 +635,7 @@ fn a_step_is_sized_for_its_level_and_for_the_backlog_it_builds_during_a_cold_sta
     a.observe_replica(1, 9);
     a.observe_served(Time::ZERO, 100.0, 160.0);
     let mut desired = 2;
-    let mut step = |a: &mut policy::Autoscaler, s: u64, rate: f64, recent: f64, desired: u32| {
+    let step = |a: &mut policy::Autoscaler, s: u64, rate: f64, recent: f64, desired: u32| {
         let sig = signal::ModelSignal {
             at: Time::from_millis(s * 1000),
             oldest_wait_ms: 0.0,
