@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md's simulator part: every built-in scenario and both Azure traces (1×
 # and ×4), every policy, with examples/simulate.toml; a cold-start sweep on the conversation
-# trace; the plot of that trace (docs/azure-conv.svg). The "Agent benchmarks" section of
-# BENCHMARKS.md (daemon measurements) is kept as it is.
+# trace; the plot of that trace (docs/azure-conv.svg). The grid section (from "## The grid", written
+# from `hearth simulate --grid --markdown`, which takes about 25 minutes on 2 cores) and the
+# "Agent benchmarks" section (daemon measurements) are kept as they are.
 # Needs the Azure traces: HEARTH_TRACE_DIR (default ../shared/traces relative to the repository).
 #   scripts/benchmarks.sh
 set -euo pipefail
@@ -13,8 +14,10 @@ bin="${CARGO_TARGET_DIR:-target}/release/hearth"
 cfg=examples/simulate.toml
 out=BENCHMARKS.md
 agent=$(mktemp)
-# Keep the agent section (written by hand from the agent benchmarks' output).
-if [ -f "$out" ] && grep -q '^## Agent benchmarks' "$out"; then
+# Keep the grid and agent sections (written from the grid's and the agent benchmarks' output).
+if [ -f "$out" ] && grep -q '^## The grid' "$out"; then
+  sed -n '/^## The grid/,$p' "$out" >"$agent"
+elif [ -f "$out" ] && grep -q '^## Agent benchmarks' "$out"; then
   sed -n '/^## Agent benchmarks/,$p' "$out" >"$agent"
 fi
 sim() { "$bin" simulate --config "$cfg" --model llm "$@"; }
@@ -25,10 +28,11 @@ import json, sys
 r = json.load(sys.stdin)
 P = {p["policy"]: p for p in r["policies"]}
 h = P["hearth"]
-beaten = [n for n, b in P.items() if not n.startswith("hearth") and (
+beaten = [n for n, b in P.items() if not n.startswith("hearth") and n != "oracle" and (
     (b["replica_seconds"] <= 1.1 * h["replica_seconds"] and b["over_target"] < h["over_target"]) or
     (b["over_target"] <= h["over_target"] and b["replica_seconds"] < h["replica_seconds"]))]
-print("| %s | %.2f %% | %.0f | %d | %s |" % (sys.argv[1], 100 * h["over_target"], h["replica_seconds"],
+print("| %s | %.2f %% | %.0f | %.2f | %d | %s |" % (sys.argv[1], 100 * h["over_target"], h["replica_seconds"],
+      h["replica_seconds"] / max(P["oracle"]["replica_seconds"], 1e-9),
       h["killed"], "not beaten" if not beaten else "beaten by " + ", ".join(beaten)))
 ' "$1"
 }
@@ -62,10 +66,11 @@ Reproduce one table: `hearth simulate --config examples/simulate.toml --model ll
 The criterion (issue 7): no baseline that spends ≤ 1.1× hearth's replica-seconds has a smaller
 share over target, and no baseline with a share over target ≤ hearth's spends fewer
 replica-seconds; and hearth kills no request on scale-down. Checked at seed 1 by
-`tests/simulate.rs` in CI.
+`tests/simulate.rs` in CI. One seed and one setting say little: the grid below is the judge.
+"÷ oracle" is hearth's replica-seconds over the clairvoyant oracle's.
 
-| run | hearth over target | hearth replica-s | killed | verdict |
-| --- | ---: | ---: | ---: | --- |
+| run | hearth over target | hearth replica-s | ÷ oracle | killed | verdict |
+| --- | ---: | ---: | ---: | ---: | --- |
 HEAD
   for s in step burst diurnal sawtooth flash-crowd azure-conv azure-code; do
     sim --scenario "$s" --json 2>/dev/null | verdict "$s"
@@ -75,12 +80,19 @@ HEAD
   done
   cat <<'MID'
 
-Margins are thin against Knative's KPA on `step` and `flash-crowd` (tenths of a percentage point
-of requests over target, at a higher cost for hearth, which pays for its warm pool throughout):
-with other seeds KPA sometimes edges hearth out there by under half a point. The burst
-scenario (90-s bursts at 5× every 10 min, shorter than cold start plus stabilization) is one no
-reactive policy serves cheaply: hearth misses about a fifth of the requests, at a cost below
-what holding capacity costs (HPA on utilisation, Ray Serve: 0 % at ≥ 51k replica-s).
+The burst scenario (90-s bursts at 5× every 10 min, shorter than cold start plus stabilization)
+is one no reactive policy serves cheaply: hearth misses the first burst (a cold start behind),
+then holds what the bursts need through the stabilization window and steps down one replica a
+minute. HPA on utilisation never leaves `max` and misses nothing; hearth spends just under 1/1.1
+of that, a margin of a fraction of a percent that goes either way with the seed.
+
+Over seeds 1–5 of the five scenarios (`--seed N`, the traces have one), hearth is beaten in 1 of
+25 runs: `burst` at seed 2, by HPA on utilisation at 1.087× its cost. The policy `main` had before
+the envelope was beaten in 6 of them (`step` at seeds 3–5 and `flash-crowd` at 2, 4 and 5, by
+KPA); the envelope as first built in 11 (`step` at all five), because a rise was sized at the
+bound of its noise test: a step from 4 to 16/s read as 12/s, and the capacity ordered for it fell
+short for a whole cold start. A rise is now sized at its reading, plus what drains the backlog it
+builds meanwhile.
 
 MID
   for s in step burst diurnal sawtooth flash-crowd azure-conv azure-code; do

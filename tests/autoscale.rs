@@ -350,28 +350,58 @@ fn a_4x_load_step_promotes_the_warm_replica_at_once_then_scales_out_and_back_to_
         .expect("a routed set above min after the step");
     let t1 = first_up.at;
     let seen = relay.seen();
-    let over = seen
+    // What moved it: the scale event before that routed set names its cause. Either a report
+    // said the wait was over target, or the reports' arrival counters showed the step before the
+    // wait did (the envelope of recent peaks sizes for arrivals, issue 12). Either way a report
+    // sent after the step came first.
+    let reason = w.values()[..i_up]
         .iter()
-        .find(|s| s.oldest_wait_ms > TARGET_MS)
+        .rev()
+        .find(|v| v["event"] == "scale")
+        .and_then(|v| v["reason"].as_str().map(str::to_string))
+        .expect("a scale event before the routed set grew");
+    let first_after = seen
+        .iter()
+        .find(|s| s.at >= step)
         .cloned()
-        .expect("a report over target before the scale-up");
-    let t0 = over.at;
+        .expect("a report after the step");
+    let over = seen.iter().find(|s| s.oldest_wait_ms > TARGET_MS).cloned();
+    let (cause, t0) = if reason.starts_with("oldest wait") {
+        let over = over.expect("a report over target before a scale-up for the wait");
+        (
+            format!(
+                "first report over target (replica {}, oldest wait {} ms)",
+                over.replica, over.oldest_wait_ms
+            ),
+            over.at,
+        )
+    } else {
+        assert!(
+            reason.starts_with("arrivals peaked"),
+            "a scale-up for neither the wait nor the arrivals: {reason}"
+        );
+        (
+            format!(
+                "first report after the step (replica {})",
+                first_after.replica
+            ),
+            first_after.at,
+        )
+    };
     let gap = delta_ms(t1, t0);
     eprintln!(
-        "step at +0 ms; first report over target (replica {}, oldest wait {} ms) at +{:.1} ms; \
-         routed set of {} ({:?}) at +{:.1} ms: t1 − t0 = {gap:.2} ms",
-        over.replica,
-        over.oldest_wait_ms,
+        "step at +0 ms; {cause} at +{:.1} ms; routed set of {} ({:?}) at +{:.1} ms: \
+         t1 − t0 = {gap:.2} ms; reason: {reason}",
         delta_ms(t0, step),
         endpoint_ids(&first_up.v).len(),
         endpoint_ids(&first_up.v),
         delta_ms(t1, step),
     );
-    assert!(t0 >= step, "a report over target before the step");
-    // The reports moved it: the routed set grew only after one said the wait was over target.
+    assert!(t0 >= step, "the cause came before the step: {cause}");
+    // The reports moved it: the routed set grew only after the report that showed the step.
     assert!(
         t1 >= t0,
-        "the routed set grew {:.2} ms before the first report over target",
+        "the routed set grew {:.2} ms before the {cause}",
         -gap
     );
     // The warm replica, and no cold start: the first routed set above min is the one routed

@@ -8,6 +8,8 @@
 //! and the measured load fits in one replica fewer, for `down_stabilization`; then one replica per
 //! `down_step`. Scaling up late costs queued requests; scaling down early costs a cold start.
 
+mod demand;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use super::capacity::{replicas_needed, ReplicaCapacity, MAX_SLOTS, WAIT_TAIL};
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
+use demand::Demand;
 
 /// Time constant of the wait's smoothing on the way down.
 const SMOOTHING: Duration = Duration::from_millis(500);
@@ -22,11 +25,6 @@ const SMOOTHING: Duration = Duration::from_millis(500);
 const DAMPING: f64 = 0.5;
 /// After a scale-up, the next one waits this long, so the new capacity can show in the queue.
 const UP_SETTLE: Duration = Duration::from_secs(2);
-/// The arrival rate that sets the standing floor is averaged over this long.
-const LOAD_WINDOW: Duration = Duration::from_secs(30);
-/// Removing a replica must leave the rest with at most this share of arrivals waiting longer
-/// than the target: stricter than the share scale-up sizes for, so the two do not flap.
-const DOWN_WAIT_TAIL: f64 = WAIT_TAIL / 5.0;
 /// How far back the queue's trend is read.
 const TREND_SPAN: Duration = Duration::from_secs(2);
 /// Evidence of per-replica throughput fades with this time constant.
@@ -35,30 +33,24 @@ const MU_MEMORY: Duration = Duration::from_secs(600);
 const MU_EVIDENCE: f64 = 20.0;
 /// Cold starts remembered for time-to-ready.
 const READY_TIMES: usize = 8;
-/// How long a peak of arrival-rate growth counts when sizing the automatic pool.
-const GROWTH_MEMORY: Duration = Duration::from_secs(3600);
-/// Growth of the arrival rate is measured over this span.
-const GROWTH_SPAN: Duration = Duration::from_secs(60);
+/// Until a cold start has been seen, the windows assume one takes this long.
+const TTR_PRIOR: Duration = Duration::from_secs(60);
 
-/// One second of signal, for window averages.
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    second: u64,
-    wait_sum: f64,
-    wait_max: f64,
-    depth_sum: f64,
-    rate: Option<f64>,
-    n: u32,
-}
-
-impl Bucket {
-    fn wait(&self) -> f64 {
-        self.wait_sum / self.n as f64
-    }
-    fn depth(&self) -> f64 {
-        self.depth_sum / self.n as f64
-    }
-}
+/// The envelope looks back one time-to-ready, and at least this far.
+const ENVELOPE_MIN: Duration = Duration::from_secs(30);
+/// How long a rise of demand within one time-to-ready is remembered for the pool.
+const RISE_MEMORY: Duration = Duration::from_secs(1800);
+/// The arrival rate the envelope sizes for is averaged over this long (one second of Poisson
+/// noise is not a peak).
+const RATE_SMOOTHING: Duration = Duration::from_secs(1);
+/// Standard deviations of Poisson noise taken off the recent arrival rate before it counts as
+/// a rise above the envelope.
+const RECENT_Z: f64 = 2.0;
+/// Standard deviations of noise taken off a recent rise that counts, to size for it.
+const RISE_SIZE_Z: f64 = 0.5;
+/// The backlog a rise builds while cold replicas start is drained within this share of a
+/// time-to-ready after they are ready.
+const BACKLOG_DRAIN_SHARE: f64 = 1.0 / 3.0;
 
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -67,7 +59,7 @@ pub struct Autoscaler {
     last_down: Option<Time>,
     /// When the signal began (for the first stabilization window).
     first_seen: Option<Time>,
-    buckets: VecDeque<Bucket>,
+    demand: Demand,
     /// Service time (s): busy slot-seconds over completions (Little's law on the requests
     /// running), both decaying with `MU_MEMORY`, so it follows a changing workload.
     service: Option<(Time, f64, f64)>,
@@ -75,14 +67,14 @@ pub struct Autoscaler {
     slots: Option<u32>,
     /// The most requests seen running at once on one replica: a lower bound on `slots`.
     max_running: u32,
-    /// Arrival rate per second, for growth.
-    rates: VecDeque<(Time, f64)>,
-    /// Peak growth of the arrival rate (requests/s per second) and when it was seen.
-    peak_growth: Option<(Time, f64)>,
     time_to_ready: Option<Duration>,
     ready_times: VecDeque<Duration>,
-    /// What the busiest second of the last `down_stabilization` needed, for the wait target.
-    peak_need: Option<u32>,
+    /// The envelope as of the latest second: the highest arrival rate within one
+    /// time-to-ready, and the routed replicas it needs.
+    envelope: Option<(f64, u32)>,
+    /// Warm replicas beyond the envelope that the largest recent rise within one time-to-ready
+    /// asks for.
+    rise_pool: Option<u32>,
     /// The wait has been over target since (this episode).
     over_since: Option<Time>,
     /// The model has shown no work since.
@@ -122,27 +114,28 @@ impl Autoscaler {
         self.time_to_ready = self.ready_times.iter().max().copied();
     }
 
-    /// Routed replicas beyond what the busiest recent second needed (and one more): already
-    /// serving, they are headroom as a warm replica would be, so the pool need not hold them too.
+    /// Routed replicas beyond what the envelope of recent peaks needs: already serving, they
+    /// are headroom as a warm replica would be, so the pool need not hold them too.
     pub fn spare_routed(&self, desired: u32) -> u32 {
-        self.peak_need
-            .map_or(0, |need| desired.saturating_sub(need + 1))
+        self.envelope
+            .map_or(0, |(_, need)| desired.saturating_sub(need))
     }
 
-    /// The warm pool `warm_pool = "auto"` asks for: enough to absorb the steepest recent growth
-    /// of the arrival rate for as long as a cold start takes (the seed formula). One replica until
-    /// there is data to size it.
+    /// The warm pool `warm_pool = "auto"` asks for: the replicas that the largest rise of the
+    /// arrival rate within one time-to-ready, seen lately, would need beyond the envelope (the
+    /// seed formula, read off the model's own history). Nothing while load is steady; one
+    /// replica until there is data to size it.
     pub fn auto_pool(&self) -> u32 {
-        match (
-            self.peak_growth,
-            self.time_to_ready,
-            self.capacity().map(|c| c.mu),
-        ) {
-            (Some((_, growth)), Some(ttr), Some(mu)) => {
-                ((growth * ttr.as_secs_f64()) / mu).ceil().max(1.0) as u32
-            }
-            _ => 1,
-        }
+        self.rise_pool.unwrap_or(1)
+    }
+
+    fn ttr(&self) -> Duration {
+        self.time_to_ready.unwrap_or(TTR_PRIOR)
+    }
+
+    /// How far back the envelope looks: one time-to-ready, and at least `envelope_min()`.
+    fn envelope_span(&self) -> Duration {
+        self.ttr().max(ENVELOPE_MIN)
     }
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
@@ -158,13 +151,13 @@ impl Autoscaler {
     }
 
     /// A replica completed `done` requests over `busy` slot-seconds of running them.
-    pub fn observe_served(&mut self, now: Time, done: u64, busy: f64) {
+    pub fn observe_served(&mut self, now: Time, done: f64, busy: f64) {
         let (done_sum, busy_sum) = match self.service {
             Some((at, d, b)) => {
                 let keep = (-now.since(at).as_secs_f64() / MU_MEMORY.as_secs_f64()).exp();
-                (d * keep + done as f64, b * keep + busy)
+                (d * keep + done, b * keep + busy)
             }
-            None => (done as f64, busy),
+            None => (done, busy),
         };
         self.service = Some((now, done_sum, busy_sum));
     }
@@ -189,15 +182,12 @@ impl Autoscaler {
         let now = inp.now;
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
-        self.record(now, &sig, wait);
-        self.peak_need = self.capacity().and_then(|cap| {
-            let peak = self
-                .window(now, inp.scaling.down_stabilization)
-                .filter_map(|b| b.rate)
-                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))?;
-            let target = inp.scaling.target_wait.as_secs_f64();
-            Some(replicas_needed(peak, cap, target, WAIT_TAIL, inp.max))
-        });
+        if self
+            .demand
+            .record(now, &sig, wait, self.ttr(), RATE_SMOOTHING)
+        {
+            self.refresh(inp);
+        }
         let target_ms = inp.scaling.target_wait.as_secs_f64() * 1000.0;
         let working =
             sig.in_flight > 0 || sig.queue_depth > 0 || sig.arrival_rate.is_some_and(|r| r > 0.0);
@@ -222,19 +212,69 @@ impl Autoscaler {
 
         if wait > target_ms {
             self.over_since.get_or_insert(now);
-            return self.scale_up(inp, &sig, wait, target_ms, desired);
+            // In trouble: what serves now is the least the window should remember.
+            self.demand.recommend_in_trouble(desired);
+            let d = self.scale_up(inp, &sig, wait, target_ms, desired);
+            if let Some(d) = &d {
+                self.demand.recommend_in_trouble(d.to);
+            }
+            return d;
         }
         self.over_since = None;
-        if let Some(d) = self.keep_up_with_arrivals(inp, &sig, desired) {
+        if let Some(d) = self.follow_envelope(inp, &sig, desired) {
+            self.demand.recommend(d.to);
             return Some(d);
         }
-        self.scale_down(inp, target_ms, desired)
+        self.scale_down(inp, wait, target_ms, desired)
     }
 
-    /// Little's law as a standing floor: where rates are known, the routed count never falls
-    /// short of what the arrival rate (averaged over `LOAD_WINDOW`, so noise does not ratchet
-    /// the fleet up) needs for the wait target — before the wait shows the shortfall.
-    fn keep_up_with_arrivals(
+    /// Once a second: the envelope of recent peaks and the pool the recent rises ask for.
+    fn refresh(&mut self, inp: &Inputs) {
+        let target = inp.scaling.target_wait.as_secs_f64();
+        let cap = self.capacity();
+        let peak = self.demand.peak_level(self.envelope_span());
+        let size_rate = match (peak, self.forecast()) {
+            (Some(p), Some(f)) => Some(p.max(f)),
+            (p, _) => p,
+        };
+        self.envelope = match (cap, size_rate) {
+            (Some(cap), Some(rate)) => {
+                Some((rate, replicas_needed(rate, cap, target, WAIT_TAIL, inp.max)))
+            }
+            _ => None,
+        };
+        let now_rate = self.demand.last().and_then(|b| b.rate);
+        self.rise_pool = match (cap, now_rate, self.envelope) {
+            (Some(cap), Some(_), Some((_, need))) => {
+                let back = self.demand.recurring_peak(self.ttr(), RISE_MEMORY);
+                let with_rise = back.map_or(0, |level| {
+                    replicas_needed(level, cap, target, WAIT_TAIL, inp.max)
+                });
+                Some(with_rise.saturating_sub(need))
+            }
+            _ => None,
+        };
+        self.demand
+            .set_recommendation(self.envelope.map_or(0, |(_, need)| need));
+    }
+
+    /// The arrival rate one time-to-ready ahead if it keeps rising as it has lately: the mean of
+    /// the last half time-to-ready plus the slope that the two halves before agree on (the
+    /// smaller of the two rises), carried over a whole time-to-ready. A ramp has a slope; a
+    /// step or a burst does not (it rose in one half only), and a fall has none.
+    fn forecast(&self) -> Option<f64> {
+        let half = (self.ttr() / 2).max(Duration::from_secs(15));
+        let m2 = self.demand.mean_rate(Duration::ZERO, half)?;
+        let m1 = self.demand.mean_rate(half, half)?;
+        let m0 = self.demand.mean_rate(half * 2, half)?;
+        let slope = (m2 - m1).min(m1 - m0).max(0.0) / half.as_secs_f64();
+        Some(m2 + slope * self.ttr().as_secs_f64())
+    }
+
+    /// Up to what the envelope of recent peaks needs, before the wait shows a shortfall: the
+    /// demand that came within the last time-to-ready can come again before a cold replica
+    /// could be ready for it.
+    fn follow_envelope(
         &mut self,
         inp: &Inputs,
         sig: &ModelSignal,
@@ -248,24 +288,55 @@ impl Autoscaler {
         {
             return None;
         }
+        let (mut rate, mut need) = self.envelope?;
+        let mut backlog = 0.0;
         let cap = self.capacity()?;
-        let lambda = self.recent_rate(now)?;
-        let target = inp.scaling.target_wait.as_secs_f64();
-        let need = replicas_needed(lambda, cap, target, WAIT_TAIL, inp.max);
+        // A rise seen in the last seconds counts at once: it is the peak the envelope will hold.
+        // It is a rise when it stands two standard deviations of its noise above the envelope
+        // (a blip of three seconds is not); it is then sized at its reading less half a
+        // standard deviation. Sized at the test's bound, a true step of 4 → 16/s read as 12/s,
+        // and the capacity it ordered fell short for a whole cold start.
+        if let Some(raw) = sig
+            .arrival_rate_recent
+            .filter(|r| r.is_finite())
+            .filter(|&r| demand::level_under(r, RECENT_Z, demand::RECENT_WINDOW_S) > rate)
+        {
+            let r = demand::level_under(raw, RISE_SIZE_Z, demand::RECENT_WINDOW_S);
+            let target = inp.scaling.target_wait.as_secs_f64();
+            // What the routed replicas fall short of it piles up until cold replicas are ready;
+            // every request queued behind that backlog waits over target until it is gone (a
+            // replica's queue is committed), so it is drained within a share of a cold start.
+            let ttr = self.ttr().as_secs_f64();
+            let shortfall = (r - f64::from(inp.routed) * cap.mu).max(0.0);
+            backlog = shortfall * ttr;
+            let drain = (ttr * BACKLOG_DRAIN_SHARE).max(target);
+            let size = r + backlog / drain;
+            (rate, need) = (r, replicas_needed(size, cap, target, WAIT_TAIL, inp.max));
+        }
         let to = need.min(desired + inp.scaling.max_up_step).min(inp.max);
         if to <= desired {
             return None;
         }
         self.last_up = Some(now);
-        Some(Decision {
-            to,
-            reason: format!(
-                "arrivals {lambda:.1}/s need {need} replicas to keep {:.0} % of waits under {} ({})",
-                (1.0 - WAIT_TAIL) * 100.0,
-                crate::units::short_duration(inp.scaling.target_wait),
-                describe(cap)
-            ),
-        })
+        let mut reason = format!(
+            "arrivals peaked at {rate:.1}/s within the last {}: {need} replicas keep {:.0} % of \
+             waits under {} ({})",
+            crate::units::short_duration(self.envelope_span()),
+            (1.0 - WAIT_TAIL) * 100.0,
+            crate::units::short_duration(inp.scaling.target_wait),
+            describe(cap)
+        );
+        if backlog >= 1.0 {
+            reason.push_str(&format!(
+                ", and drain the {backlog:.0} that queue meanwhile within {}",
+                crate::units::short_duration(Duration::from_secs_f64(
+                    (self.ttr().as_secs_f64() * BACKLOG_DRAIN_SHARE)
+                        .max(inp.scaling.target_wait.as_secs_f64())
+                ))
+            ));
+        }
+        reason.push_str(&capped(need, to, desired, inp));
+        Some(Decision { to, reason })
     }
 
     /// Fast attack, smoothed release: a rise counts at once (the report that shows the need
@@ -282,67 +353,6 @@ impl Autoscaler {
         };
         self.smoothed = Some((now, s));
         s
-    }
-
-    fn record(&mut self, now: Time, sig: &ModelSignal, wait: f64) {
-        let second = now.0.as_secs();
-        match self.buckets.back_mut() {
-            Some(b) if b.second == second => {
-                b.wait_sum += wait;
-                b.wait_max = b.wait_max.max(wait);
-                b.depth_sum += sig.queue_depth as f64;
-                b.rate = sig.arrival_rate.or(b.rate);
-                b.n += 1;
-            }
-            _ => {
-                self.buckets.push_back(Bucket {
-                    second,
-                    wait_sum: wait,
-                    wait_max: wait,
-                    depth_sum: sig.queue_depth as f64,
-                    rate: sig.arrival_rate,
-                    n: 1,
-                });
-                if let Some(rate) = sig.arrival_rate {
-                    self.track_growth(now, rate);
-                }
-            }
-        }
-        // Keep what the longest window needs (down_stabilization is at most hours).
-        while self.buckets.len() > 4 * 3600 {
-            self.buckets.pop_front();
-        }
-    }
-
-    fn track_growth(&mut self, now: Time, rate: f64) {
-        self.rates.push_back((now, rate));
-        while self
-            .rates
-            .front()
-            .is_some_and(|(t, _)| now.since(*t) > GROWTH_SPAN)
-        {
-            self.rates.pop_front();
-        }
-        if let Some(&(t0, r0)) = self.rates.front() {
-            let span = now.since(t0).as_secs_f64();
-            if span >= GROWTH_SPAN.as_secs_f64() * 0.5 {
-                let growth = (rate - r0) / span;
-                let keep = self
-                    .peak_growth
-                    .filter(|(at, g)| now.since(*at) < GROWTH_MEMORY && *g >= growth);
-                self.peak_growth = keep.or(Some((now, growth.max(0.0))));
-            }
-        }
-    }
-
-    /// Buckets within `span` of now.
-    fn window(&self, now: Time, span: Duration) -> impl Iterator<Item = &Bucket> {
-        let from = now.0.as_secs().saturating_sub(span.as_secs());
-        // From the newest back: the window is short next to what is kept.
-        self.buckets
-            .iter()
-            .rev()
-            .take_while(move |b| b.second >= from)
     }
 
     fn scale_up(
@@ -391,17 +401,33 @@ impl Autoscaler {
         // could serve, and would leave it idle for a whole stabilization window.
         let lasted = self.over_since.map_or(0.0, |t| now.since(t).as_secs_f64());
         let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
-        let by_rate = if on_the_way > 0 && lasted < ttr / 8.0 {
+        let clump = on_the_way > 0 && lasted < ttr / 8.0;
+        let by_rate = if clump {
             None
         } else {
             self.littles_floor(inp, sig)
         };
-        let mut want = by_wait.unwrap_or(0).max(by_rate.unwrap_or(0));
+        // The envelope is read off the same arrivals: the same rule.
+        let by_envelope = self.envelope.filter(|_| !clump).map(|(_, need)| need);
+        // Before the service time is known: every request in flight a slot, as Cortex sizes.
+        // Like the wait, the count in flight grows for want of capacity already ordered: it is
+        // read only when all of it serves.
+        let by_in_flight = (self.capacity().is_none() && on_the_way == 0).then(|| {
+            let slots = self.slots.unwrap_or(self.max_running).max(1);
+            sig.in_flight
+                .div_ceil(u64::from(slots))
+                .min(u64::from(inp.max)) as u32
+        });
+        let mut want = by_wait
+            .unwrap_or(0)
+            .max(by_rate.unwrap_or(0))
+            .max(by_envelope.unwrap_or(0))
+            .max(by_in_flight.unwrap_or(0));
         if warm_only {
             want = want.min(desired + inp.warm);
         }
-        let capped = want.min(desired + inp.scaling.max_up_step).min(inp.max);
-        if capped <= desired {
+        let to = want.min(desired + inp.scaling.max_up_step).min(inp.max);
+        if to <= desired {
             return None;
         }
         self.last_up = Some(now);
@@ -412,13 +438,20 @@ impl Autoscaler {
         if let Some(n) = by_rate {
             reason.push_str(&format!("; arrivals and backlog need {n} (Little's law)"));
         }
-        if capped < want {
+        if let Some(n) = by_in_flight.filter(|&n| n > desired) {
+            reason.push_str(&format!("; {} in flight need {n}", sig.in_flight));
+        }
+        if let Some((rate, n)) = self
+            .envelope
+            .filter(|e| by_envelope.is_some() && e.1 > by_rate.unwrap_or(0))
+        {
             reason.push_str(&format!(
-                "; capped at +{} per step",
-                inp.scaling.max_up_step
+                "; arrivals peaked at {rate:.1}/s within {}: {n} needed",
+                crate::units::short_duration(self.envelope_span())
             ));
         }
-        Some(Decision { to: capped, reason })
+        reason.push_str(&capped(want, to, desired, inp));
+        Some(Decision { to, reason })
     }
 
     /// Little's law: the replicas that serve the arrival rate within the wait target, plus
@@ -443,18 +476,11 @@ impl Autoscaler {
         ))
     }
 
-    /// The arrival rate averaged over `LOAD_WINDOW`, once half of it has rates.
-    fn recent_rate(&self, now: Time) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .window(now, LOAD_WINDOW)
-            .filter_map(|b| b.rate)
-            .collect();
-        let enough = rates.len() >= LOAD_WINDOW.as_secs() as usize / 2;
-        enough.then(|| rates.iter().sum::<f64>() / rates.len() as f64)
-    }
-
     /// What one replica can do, once measured: its slots (or, until it was seen saturated,
     /// the most it ran at once) over the service time.
+    ///
+    /// Until a replica has been seen with a queue, the most it ran at once stands for its slots:
+    /// a lower bound, so sizing errs towards more replicas, and Erlang C still applies.
     pub fn capacity(&self) -> Option<ReplicaCapacity> {
         let slots = self.slots.unwrap_or(self.max_running);
         if slots == 0 {
@@ -463,7 +489,7 @@ impl Autoscaler {
         let mu = slots as f64 / self.service_time()?;
         Some(ReplicaCapacity {
             mu,
-            slots: self.slots,
+            slots: Some(slots),
         })
     }
 
@@ -472,18 +498,26 @@ impl Autoscaler {
         if sig.queue_depth == 0 {
             return Some(0.0);
         }
-        let last = self.buckets.back()?;
+        let last = self.demand.last()?;
         let earlier = self
-            .buckets
-            .iter()
-            .rev()
-            .find(|b| now.0.as_secs().saturating_sub(b.second) >= TREND_SPAN.as_secs())?;
+            .demand
+            .at_or_before(now.0.as_secs().saturating_sub(TREND_SPAN.as_secs()))?;
         let dt = (last.second - earlier.second) as f64;
         let decline = (earlier.depth() - last.depth()) / dt;
         (decline > 0.0).then(|| sig.queue_depth as f64 / decline)
     }
 
-    fn scale_down(&mut self, inp: &Inputs, target_ms: f64, desired: u32) -> Option<Decision> {
+    /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
+    /// recommendation covering the last `down_stabilization` of demand — each second's envelope
+    /// need (which itself looks back one envelope span), and what served while the wait was over
+    /// target — is below the routed count, and the wait is calm now. Without measured rates, only after a whole window with no queue on average.
+    fn scale_down(
+        &mut self,
+        inp: &Inputs,
+        wait: f64,
+        target_ms: f64,
+        desired: u32,
+    ) -> Option<Decision> {
         let now = inp.now;
         let s = inp.scaling;
         // Scale to zero: only after idle_to_zero with no work at all.
@@ -507,55 +541,76 @@ impl Autoscaler {
         if desired <= floor || inp.routed < desired {
             return None;
         }
-        // The calm must have lasted a whole window since the last scale-up (and since the signal
-        // began), and a step since the last scale-down.
-        let since = self.last_up.max(self.first_seen)?;
-        if now.since(since) < s.down_stabilization {
+        // A whole window of signal since it began, and a step since the last scale-down.
+        if self
+            .first_seen
+            .is_none_or(|t| now.since(t) < s.down_stabilization)
+            || self.last_down.is_some_and(|t| now.since(t) < s.down_step)
+        {
             return None;
         }
-        if self.last_down.is_some_and(|t| now.since(t) < s.down_step) {
-            return None;
-        }
-        let window: Vec<&Bucket> = self.window(now, s.down_stabilization).collect();
-        if window.is_empty() {
-            return None;
-        }
-        let n = window.len() as f64;
-        let avg_wait = window.iter().map(|b| b.wait()).sum::<f64>() / n;
         let calm_ms = s.down_below * target_ms;
-        if avg_wait >= calm_ms || window.iter().any(|b| b.wait_max > target_ms) {
+        if wait >= calm_ms {
             return None;
         }
-        // Not busy: the average load must fit in one replica fewer.
-        let rates: Vec<f64> = window.iter().filter_map(|b| b.rate).collect();
-        let fits = match (rates.is_empty(), self.capacity()) {
-            (false, Some(cap)) => {
-                // The window's average, or the standing floor's if that is higher: a step down
-                // must never be one the floor would take back at once.
-                let lambda = (rates.iter().sum::<f64>() / rates.len() as f64)
-                    .max(self.recent_rate(now).unwrap_or(0.0));
-                let target = s.target_wait.as_secs_f64();
-                let need = replicas_needed(lambda, cap, target, DOWN_WAIT_TAIL, inp.max);
-                (need < desired)
-                    .then(|| format!("load {lambda:.1}/s needs {need} ({})", describe(cap)))
+        let window = s.down_stabilization;
+        let why = match self.envelope {
+            Some((rate, _)) => {
+                // Each second's envelope already looks back one envelope span: its needs over
+                // the rest of the window cover `down_stabilization` of demand, no more. What
+                // served while the wait was over target is remembered for the whole window.
+                let highest = self
+                    .demand
+                    .peak_recommendation(
+                        window
+                            .saturating_sub(self.envelope_span())
+                            .max(self.envelope_span()),
+                    )
+                    .max(self.demand.peak_trouble(window));
+                if highest >= desired {
+                    return None;
+                }
+                format!(
+                    "the highest need of the last {} is {highest} (arrivals now peak at {rate:.1}/s \
+                     within {})",
+                    crate::units::short_duration(window),
+                    crate::units::short_duration(self.envelope_span())
+                )
             }
-            // Without rates, the queue must have been empty on average.
-            _ => {
-                let depth = window.iter().map(|b| b.depth()).sum::<f64>() / n;
-                (depth < 0.5).then(|| "no queue".to_string())
+            None => {
+                // Without rates: no second over target, and no queue on average.
+                let (mut n, mut depth, mut over) = (0.0, 0.0, false);
+                for b in self.demand.recent(window) {
+                    n += 1.0;
+                    depth += b.depth();
+                    over |= b.wait_max > target_ms;
+                }
+                if n == 0.0
+                    || over
+                    || depth / n >= 0.5
+                    || self.last_up.is_some_and(|t| now.since(t) < window)
+                {
+                    return None;
+                }
+                "no queue".to_string()
             }
         };
-        let fits = fits?;
         self.last_down = Some(now);
         Some(Decision {
             to: desired - 1,
-            reason: format!(
-                "calm for {}: average oldest wait {:.0} ms < {:.0} ms; {fits}",
-                crate::units::short_duration(s.down_stabilization),
-                avg_wait,
-                calm_ms
-            ),
+            reason: format!("calm: oldest wait {wait:.0} ms < {calm_ms:.0} ms; {why}"),
         })
+    }
+}
+
+/// The note a reason carries when a step gave less than it wanted, naming the cap that applied.
+fn capped(want: u32, to: u32, desired: u32, inp: &Inputs) -> String {
+    if to >= want {
+        String::new()
+    } else if inp.max <= desired + inp.scaling.max_up_step {
+        format!("; capped at max {}", inp.max)
+    } else {
+        format!("; capped at +{} per step", inp.scaling.max_up_step)
     }
 }
 

@@ -2,6 +2,7 @@
 //! pool — promote first, launch behind, trim surplus — and place pending replicas on GPUs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::event::{Action, LogLevel, Readiness, SpawnSpec};
 use super::node::Node;
@@ -60,19 +61,27 @@ impl Node {
         c
     }
 
-    /// The warm pool the model should hold next to `desired_routed` routed replicas.
-    pub(super) fn desired_warm(&self, model: &str) -> u32 {
+    /// The pool the setting asks for, before `max` bounds it.
+    fn pool_setting(&self, model: &str) -> u32 {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
         if m.removed {
             return 0;
         }
-        let pool = match m.warm_pool_setting() {
+        match m.warm_pool_setting() {
             WarmPool::Fixed(n) => n,
             WarmPool::Auto => m.autoscaler.auto_pool(),
+        }
+    }
+
+    /// The warm pool the model should hold next to `desired_routed` routed replicas.
+    pub(super) fn desired_warm(&self, model: &str) -> u32 {
+        let Some(m) = self.models.get(model) else {
+            return 0;
         };
-        pool.min(m.max().saturating_sub(m.desired_routed))
+        self.pool_setting(model)
+            .min(m.max().saturating_sub(m.desired_routed))
     }
 
     /// The pool to fill (by launches and by unrouting): smaller than `desired_warm` while
@@ -82,8 +91,11 @@ impl Node {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
-        self.desired_warm(model)
+        // Headroom first, then `max`: while routed replicas step down one by one, each goes
+        // back to the pool as soon as the routed ones left no longer cover it.
+        self.pool_setting(model)
             .saturating_sub(m.autoscaler.spare_routed(m.desired_routed))
+            .min(m.max().saturating_sub(m.desired_routed))
     }
 
     fn reconcile_model(&mut self, name: &str, now: Time, out: &mut Vec<Action>) {
@@ -201,7 +213,8 @@ impl Node {
             c.leaving -= 1;
         }
 
-        // Too many routed: back to the pool if it is short, else drain.
+        // Too many routed: back to the pool if it is short (what it holds it finishes there),
+        // else drain.
         // The least busy first, the newest among equals; ranked once, as above.
         // (Ranked only when it will be used: a walk and a copy of every routed replica's id.)
         let mut least_busy = if c.routed > desired {
@@ -257,6 +270,18 @@ impl Node {
             }
         } else if coming > keep {
             let mut surplus = coming - keep;
+            let stale_after = self
+                .models
+                .get(name)
+                .map_or(Duration::ZERO, |m| m.config.scaling.stale_after);
+            // A warm replica that left the routed set may still be finishing work: while its
+            // reports say so, it is not surplus yet.
+            let finishing = |r: &Replica| {
+                r.state == ReplicaState::Warm
+                    && r.signal
+                        .fresh(now, stale_after)
+                        .is_some_and(|s| s.in_flight > 0 || s.queue_depth > 0)
+            };
             for state in [
                 ReplicaState::Pending,
                 ReplicaState::Starting,
@@ -265,7 +290,9 @@ impl Node {
                 // Adopted replicas re-verifying their warm-up are not surplus: they are the
                 // capacity being taken back. The newest first; ranked once, as above.
                 let surplus_of = |r: &Replica| {
-                    r.state == state && !(r.adopted && r.state == ReplicaState::Starting)
+                    r.state == state
+                        && !finishing(r)
+                        && !(r.adopted && r.state == ReplicaState::Starting)
                 };
                 let mut newest = self
                     .ranked(name, surplus_of, |r| std::cmp::Reverse(r.n))

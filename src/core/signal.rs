@@ -47,10 +47,14 @@ pub struct ReplicaSignal {
 }
 
 impl ReplicaSignal {
-    /// Records a sample; returns the completions and the busy slot-seconds (requests running,
-    /// averaged over the interval, times its length) of the interval it closes: by Little's law
-    /// their ratio is the service time. Each interval is returned once.
-    pub fn record(&mut self, s: Sample) -> Option<(u64, f64)> {
+    /// Records a sample; returns the requests served and the busy slot-seconds (requests
+    /// running, averaged over the interval, times its length) of the interval it closes: by
+    /// Little's law their ratio is the service time. Requests served count the mean of those
+    /// that finished and those that started (finished plus the change in running): while the
+    /// running count falls, completions alone outnumber what the busy time paid for, and while
+    /// it rises they fall short, so either alone would bias the service time through every
+    /// change of load. Each interval is returned once.
+    pub fn record(&mut self, s: Sample) -> Option<(f64, f64)> {
         let mut served = None;
         // A counter that went backwards means the reporter restarted: old deltas are meaningless.
         if let Some(last) = self.history.back() {
@@ -61,7 +65,9 @@ impl ReplicaSignal {
             } else if let (Some(a), Some(b)) = (last.completed, s.completed) {
                 let running = |x: &Sample| x.in_flight.saturating_sub(x.queue_depth) as f64;
                 let busy = (running(last) + running(&s)) / 2.0 * s.at.since(last.at).as_secs_f64();
-                served = Some((b - a, busy));
+                let done = (b - a) as f64;
+                let started = (done + running(&s) - running(last)).max(0.0);
+                served = Some(((done + started) / 2.0, busy));
             }
         }
         // Reports can come far faster than rates need: keep samples at least
@@ -160,10 +166,7 @@ impl ModelSignal {
             });
         }
         let mut out: Option<ModelSignal> = None;
-        // Arrivals add up as counts over one span, not as rates: a replica routed a second ago
-        // saw a second's worth of the model's arrivals, not a second's worth of the rate.
-        let mut arrived: Option<(u64, Time, Time)> = None;
-        let mut recent: Option<(u64, Time, Time)> = None;
+        let mut counting: Vec<&ReplicaSignal> = Vec::new();
         for sig in routed {
             let Some(s) = sig.fresh(now, stale_after) else {
                 continue;
@@ -174,29 +177,77 @@ impl ModelSignal {
             });
             o.at = o.at.max(s.at);
             o.oldest_wait_ms = o.oldest_wait_ms.max(s.oldest_wait_ms);
-            o.queue_depth += s.queue_depth;
-            o.in_flight += s.in_flight;
+            o.queue_depth = o.queue_depth.saturating_add(s.queue_depth);
+            o.in_flight = o.in_flight.saturating_add(s.in_flight);
             o.sources += 1;
-            for (acc, got) in [
-                (&mut arrived, sig.arrivals()),
-                (&mut recent, sig.arrivals_since(now - RECENT_SPAN)),
-            ] {
-                if let Some((n, from, to)) = got {
-                    let a = acc.get_or_insert((0, from, to));
-                    *a = (a.0 + n, a.1.min(from), a.2.max(to));
-                }
+            if sig.counted().is_some() {
+                counting.push(sig);
             }
         }
-        let rate = |c: Option<(u64, Time, Time)>| {
-            let (n, from, to) = c?;
-            let secs = to.since(from).as_secs_f64();
-            (secs >= MIN_RATE_SPAN.as_secs_f64()).then(|| n as f64 / secs)
-        };
         if let Some(o) = out.as_mut() {
-            o.arrival_rate = rate(arrived);
-            o.arrival_rate_recent = rate(recent);
+            // Arrivals add up as counts over one window, not as rates: a replica routed a
+            // second ago saw a second's worth of the model's arrivals, not a second's worth of
+            // the rate. The window ends when every replica had last reported (replicas report
+            // at their own moments; counting each to its own last report would undercount the
+            // ones that have not reported yet this round) and each counter is read at its ends
+            // by interpolation between reports.
+            let end = counting
+                .iter()
+                .filter_map(|r| r.counted())
+                .map(|c| c.1)
+                .min();
+            let rate = |span: Duration| -> Option<f64> {
+                let end = end?;
+                let from = end - span;
+                let first = counting
+                    .iter()
+                    .filter_map(|r| r.counted())
+                    .map(|c| c.0)
+                    .min()?;
+                let start = from.max(first);
+                let secs = end.since(start).as_secs_f64();
+                if secs < MIN_RATE_SPAN.as_secs_f64() {
+                    return None;
+                }
+                let n: f64 = counting
+                    .iter()
+                    .filter_map(|r| Some(r.arrived_at(end)? - r.arrived_at(start)?))
+                    .sum();
+                Some(n / secs)
+            };
+            o.arrival_rate = rate(RATE_WINDOW);
+            o.arrival_rate_recent = rate(RECENT_SPAN);
         }
         out
+    }
+}
+
+impl ReplicaSignal {
+    /// The first and last instants with an `arrived` counter.
+    fn counted(&self) -> Option<(Time, Time)> {
+        let first = self.history.iter().find(|s| s.arrived.is_some())?;
+        let last = self.history.iter().rev().find(|s| s.arrived.is_some())?;
+        Some((first.at, last.at))
+    }
+
+    /// The `arrived` counter at `t`, interpolated between reports (held at the ends).
+    fn arrived_at(&self, t: Time) -> Option<f64> {
+        let mut before: Option<&Sample> = None;
+        for s in self.history.iter().filter(|s| s.arrived.is_some()) {
+            if s.at >= t {
+                let v = s.arrived? as f64;
+                return Some(match before {
+                    Some(b) if s.at > b.at => {
+                        let bv = b.arrived? as f64;
+                        let f = t.since(b.at).as_secs_f64() / s.at.since(b.at).as_secs_f64();
+                        bv + (v - bv) * f
+                    }
+                    _ => v,
+                });
+            }
+            before = Some(s);
+        }
+        before.and_then(|b| b.arrived).map(|v| v as f64)
     }
 }
 
@@ -220,13 +271,13 @@ mod tests {
         let mut sig = ReplicaSignal::default();
         // in_flight = depth here (see `s`): nothing counted as running, no busy time.
         assert_eq!(sig.record(s(0, 0.0, 2, 100, 50)), None);
-        assert_eq!(sig.record(s(1000, 0.0, 3, 110, 58)), Some((8, 0.0)));
+        assert_eq!(sig.record(s(1000, 0.0, 3, 110, 58)), Some((8.0, 0.0)));
         let mut x = s(2000, 0.0, 4, 120, 66);
         x.in_flight = 12;
         assert_eq!(
             sig.record(x),
-            Some((8, 4.0)),
-            "8 running at the end, 0 at the start"
+            Some((12.0, 4.0)),
+            "8 done, 16 started (8 running at the end, 0 at the start): 12 served"
         );
         assert_eq!(sig.arrival_rate(), Some(10.0));
     }
@@ -235,7 +286,7 @@ mod tests {
     fn intervals_report_completions_and_busy_time() {
         let mut sig = ReplicaSignal::default();
         sig.record(s(0, 0.0, 0, 0, 0));
-        assert_eq!(sig.record(s(1000, 0.0, 0, 1, 1)), Some((1, 0.0)));
+        assert_eq!(sig.record(s(1000, 0.0, 0, 1, 1)), Some((1.0, 0.0)));
     }
 
     #[test]
@@ -303,7 +354,7 @@ mod flood_tests {
     #[test]
     fn a_flood_of_reports_keeps_a_bounded_history_and_exact_counts() {
         let mut sig = ReplicaSignal::default();
-        let mut done = 0;
+        let mut done = 0.0;
         // 1000 reports a second for 20 s: one arrival and one completion each, 1 running.
         for i in 0..20_000u64 {
             let s = Sample {
@@ -319,7 +370,7 @@ mod flood_tests {
             }
         }
         assert!(sig.history.len() <= 110, "{}", sig.history.len());
-        assert_eq!(done, 19_999, "every completion counted once");
+        assert_eq!(done, 19_999.0, "every completion counted once");
         let rate = sig.arrival_rate().unwrap();
         assert!((rate - 1000.0).abs() < 1.0, "{rate}");
     }

@@ -296,8 +296,8 @@ impl CellResult {
     }
 }
 
-/// Runs every policy of one cell.
-pub fn run_cell(gw: &GridWorkload, c: Cell) -> CellResult {
+/// Runs `policies` (and KPA tuned in hindsight, if `tuned`) on one cell.
+pub fn run_cell(gw: &GridWorkload, c: Cell, policies: &[Policy], tuned: bool) -> CellResult {
     let s = SLOTS
         .iter()
         .position(|&x| x == c.slots)
@@ -314,12 +314,13 @@ pub fn run_cell(gw: &GridWorkload, c: Cell) -> CellResult {
     )
     .expect("the grid's setup is valid");
     let lb = report::lower_bound(w, &setup.params);
-    let policies = POLICIES
+    let policies = policies
         .iter()
         .map(|&p| Figures::from(&run_policy(&setup, w, p).report))
         .collect();
     let kpa_tuned = KPA_TUNED
         .iter()
+        .filter(|_| tuned)
         .map(|&u| {
             let rule = Kpa::with_target_utilization(MIN, MAX, c.slots, u);
             let mut d = BaselineDriver::new(rule, secs(300), MIN);
@@ -341,8 +342,15 @@ pub fn run_cell(gw: &GridWorkload, c: Cell) -> CellResult {
     }
 }
 
-/// Runs `cells` on `jobs` threads, the heaviest first; results in the order of `cells`.
-pub fn run(ws: &[GridWorkload], cells: &[Cell], jobs: usize) -> Vec<CellResult> {
+/// Runs `cells` on `jobs` threads, the heaviest first; results in the order of `cells`. Every
+/// policy of `POLICIES` and KPA tuned in hindsight, or only `only`.
+pub fn run(
+    ws: &[GridWorkload],
+    cells: &[Cell],
+    jobs: usize,
+    only: Option<&[Policy]>,
+) -> Vec<CellResult> {
+    let policies = only.unwrap_or(&POLICIES);
     let weight = |c: &Cell| {
         let s = SLOTS.iter().position(|&x| x == c.slots).unwrap_or(0);
         ws[c.workload].by_slots[s].requests.len()
@@ -352,7 +360,7 @@ pub fn run(ws: &[GridWorkload], cells: &[Cell], jobs: usize) -> Vec<CellResult> 
     let out: Vec<Mutex<Option<CellResult>>> = cells.iter().map(|_| Mutex::new(None)).collect();
     parallel(cells.len(), jobs, |k| {
         let i = order[k];
-        let r = run_cell(&ws[cells[i].workload], cells[i]);
+        let r = run_cell(&ws[cells[i].workload], cells[i], policies, only.is_none());
         *out[i].lock().expect("not poisoned") = Some(r);
     });
     out.into_iter()
@@ -360,14 +368,28 @@ pub fn run(ws: &[GridWorkload], cells: &[Cell], jobs: usize) -> Vec<CellResult> 
         .collect()
 }
 
+/// What `hearth simulate --grid` was asked for.
+pub struct Options {
+    pub trace_dir: Option<PathBuf>,
+    /// Only this many cells (`sample`).
+    pub sample: Option<usize>,
+    pub jobs: Option<usize>,
+    /// Only these policies: the table without verdicts, no summary.
+    pub only: Option<Vec<Policy>>,
+    pub json: bool,
+    pub markdown: bool,
+}
+
 /// `hearth simulate --grid`.
-pub fn main(
-    trace_dir: Option<PathBuf>,
-    sample_n: Option<usize>,
-    jobs: Option<usize>,
-    json: bool,
-    markdown: bool,
-) -> std::process::ExitCode {
+pub fn main(o: Options) -> std::process::ExitCode {
+    let Options {
+        trace_dir,
+        sample: sample_n,
+        jobs,
+        only,
+        json,
+        markdown,
+    } = o;
     let started = Instant::now();
     let jobs = jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -409,10 +431,23 @@ pub fn main(
         Some(n) => sample(ws.len(), n),
         None => cells(ws.len()),
     };
-    let results = run(&ws, &cells, jobs);
+    let results = run(&ws, &cells, jobs, only.as_deref());
     let elapsed = started.elapsed();
-    let summary = super::grid_report::summarize(&results);
     let traces = dir.is_some();
+    if only.is_some() {
+        // Verdicts need every policy: the figures only.
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string(&serde_json::json!({ "cells": results }))
+                    .expect("serialises")
+            );
+        } else {
+            print!("{}", super::grid_report::table(&results));
+        }
+        return std::process::ExitCode::SUCCESS;
+    }
+    let summary = super::grid_report::summarize(&results);
     if json {
         let doc = super::grid_report::Document {
             cells: &results,

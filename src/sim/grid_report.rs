@@ -307,10 +307,21 @@ pub fn table(results: &[CellResult]) -> String {
         "{:<26} {:>5} {:>5} {:>6}",
         "WORKLOAD", "COLD", "SLOTS", "TARGET"
     );
-    for p in POLICIES {
-        let _ = write!(out, " {:>15}", p.name().to_uppercase());
+    let complete = results
+        .first()
+        .is_none_or(|c| c.policies.len() == POLICIES.len());
+    let names: Vec<&str> = results.first().map_or_else(
+        || POLICIES.iter().map(|p| p.name()).collect(),
+        |c| c.policies.iter().map(|f| f.policy.as_str()).collect(),
+    );
+    for p in names {
+        let _ = write!(out, " {:>15}", p.to_uppercase());
     }
-    out.push_str("  HEARTH/ORACLE  VERDICT\n");
+    out.push_str(if complete {
+        "  HEARTH/ORACLE  VERDICT\n"
+    } else {
+        "\n"
+    });
     for c in results {
         let _ = write!(
             out,
@@ -322,6 +333,10 @@ pub fn table(results: &[CellResult]) -> String {
         );
         for f in &c.policies {
             let _ = write!(out, " {}", fig(f));
+        }
+        if !complete {
+            out.push('\n');
+            continue;
         }
         let v = verdict(c);
         let verdict = if v.beaten() {

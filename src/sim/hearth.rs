@@ -11,7 +11,8 @@
 //!   no work, so a drain kills nothing unless `drain_timeout` runs out.
 //! - `Publish(Routed)` → the router's routed set; a replica added to it receives traffic after
 //!   the promotion delay, one removed from it receives nothing more at once.
-//! - Every second, each routed and draining replica reports its own queue (`oldest_wait_ms`,
+//! - Every second, each routed and draining replica — and a warm one while it finishes work it
+//!   held when it was unrouted — reports its own queue (`oldest_wait_ms`,
 //!   `queue_depth` = waiting, `in_flight` = waiting + running, monotonic `arrived`/`completed`)
 //!   through `Event::Request`, as a replica's server would on the socket. While no replica is
 //!   routable and requests wait at the router, the router reports them model-wide.
@@ -43,15 +44,20 @@ pub struct HearthDriver {
     scale_actions: u64,
     /// `hearth` or `hearth-nopool`, for `--decisions`.
     label: &'static str,
+    /// Warm replicas still finishing work they held when unrouted (they report until done).
+    finishing: BTreeSet<u32>,
 }
 
-/// A replica in this state reports its queue every second, as a real server would while it
-/// serves (routed) or finishes its work (draining).
-fn reports(s: &WatchedState) -> bool {
-    matches!(
-        s,
-        WatchedState::State(ReplicaState::Routed | ReplicaState::Draining)
-    )
+/// A replica reports its queue every second, as a real server would while it serves (routed)
+/// or finishes its work (draining), and a warm one while it finishes what it held when it left
+/// the routed set (and once more when it has finished).
+fn reports(s: &WatchedState, x: &super::cluster::Replica, finishing: bool) -> bool {
+    x.alive()
+        && match s {
+            WatchedState::State(ReplicaState::Routed | ReplicaState::Draining) => true,
+            WatchedState::State(ReplicaState::Warm) => x.in_flight() > 0 || finishing,
+            _ => false,
+        }
 }
 
 fn time(us: Us) -> Time {
@@ -84,6 +90,7 @@ impl HearthDriver {
             next_pid: 1000,
             scale_actions: 0,
             label: if pool { "hearth" } else { "hearth-nopool" },
+            finishing: BTreeSet::new(),
         }
     }
 
@@ -283,13 +290,33 @@ impl Driver for HearthDriver {
         let reporting: Vec<u32> = self
             .state
             .iter()
-            .filter(|(r, s)| reports(s) && sim.cl.replicas[**r as usize].alive())
+            .filter(|(r, s)| {
+                reports(
+                    s,
+                    &sim.cl.replicas[**r as usize],
+                    self.finishing.contains(r),
+                )
+            })
             .map(|(r, _)| *r)
             .collect();
         for r in reporting {
             // An earlier report this second may have stopped it.
-            let still = self.state.get(&r).is_some_and(reports);
-            if still && sim.cl.replicas[r as usize].alive() {
+            let x = &sim.cl.replicas[r as usize];
+            let still = self
+                .state
+                .get(&r)
+                .is_some_and(|s| reports(s, x, self.finishing.contains(&r)));
+            if x.in_flight() > 0
+                && self
+                    .state
+                    .get(&r)
+                    .is_some_and(|s| *s == WatchedState::State(ReplicaState::Warm))
+            {
+                self.finishing.insert(r);
+            } else {
+                self.finishing.remove(&r);
+            }
+            if still {
                 let ev = self.report(sim, Some(r));
                 self.feed(sim, ev);
             }

@@ -188,8 +188,9 @@ pub struct SimArgs {
     #[arg(long)]
     pub decisions: bool,
     /// Run the standard grid: workloads × cold start × slots × target, every policy and the
-    /// oracle, one row per cell and a summary (with --json or --markdown as asked)
-    #[arg(long, conflicts_with_all = ["config", "model", "scenario", "trace", "policy", "plot", "decisions", "duration"])]
+    /// oracle, one row per cell and a summary (with --json or --markdown as asked); with
+    /// --policy, only those policies' figures (no verdicts)
+    #[arg(long, conflicts_with_all = ["config", "model", "scenario", "trace", "plot", "decisions", "duration"])]
     pub grid: bool,
     /// With --grid: only this many cells, chosen to span every workload and every knob setting
     #[arg(long, requires = "grid")]
@@ -422,13 +423,22 @@ pub fn main(a: SimArgs) -> ExitCode {
         ExitCode::from(2)
     };
     if a.grid {
-        return grid::main(
-            a.trace_dir,
-            a.grid_sample,
-            a.jobs.map(|j| j as usize),
-            a.json,
-            a.markdown,
-        );
+        let only = if a.policy.is_empty() {
+            None
+        } else {
+            match parse_policies(&a.policy) {
+                Ok(p) => Some(p),
+                Err(e) => return usage(e),
+            }
+        };
+        return grid::main(grid::Options {
+            trace_dir: a.trace_dir,
+            sample: a.grid_sample,
+            jobs: a.jobs.map(|j| j as usize),
+            only,
+            json: a.json,
+            markdown: a.markdown,
+        });
     }
     let (Some(config_path), Some(model)) = (a.config.clone(), a.model.clone()) else {
         return usage("give --config FILE and --model NAME (or --grid)".into());
