@@ -276,9 +276,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let grant = self.grant.clone();
+        let grant = &self.grant;
         self.router
-            .with_queues(|q| q.release(&grant, Instant::now()));
+            .with_queues(|q| q.release(grant, Instant::now()));
     }
 }
 
