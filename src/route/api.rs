@@ -148,7 +148,7 @@ async fn openai(
         );
     };
     let canonical = &router.settings.models[model].name;
-    let body = if *canonical != name {
+    let body = if canonical.as_str() != name {
         let renamed = Bytes::from(replace_model(&body.bytes, span, canonical));
         body.replace(renamed)
     } else {

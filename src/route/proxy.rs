@@ -17,6 +17,10 @@ use super::relay::{Relay, RouteBody};
 use super::router::{Lease, Refused, Router};
 use super::upstream;
 
+/// Which replica answered, on every answer relayed.
+const REPLICA_HEADER: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("x-hearth-replica");
+
 /// What one attempt at a replica gave.
 enum Attempt {
     /// An answer, with its first frame when the body had one: committed to, unless its status
@@ -130,7 +134,11 @@ pub async fn forward(
         model,
         lease.granted_at.duration_since(arrived).as_secs_f64(),
     );
-    let headers = upstream::headers(headers, !router.settings.api_keys.is_empty());
+    let headers = upstream::headers(
+        headers,
+        !router.settings.api_keys.is_empty(),
+        body.bytes.len(),
+    );
     let mut retried = false;
     loop {
         let req = upstream::request(
@@ -223,7 +231,7 @@ fn relay(
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
         && !parts.headers.contains_key(header::CONTENT_LENGTH);
     if let Some(v) = lease.grant.id_header.clone() {
-        parts.headers.insert("x-hearth-replica", v);
+        parts.headers.insert(REPLICA_HEADER, v);
     }
     let status = parts.status.as_u16();
     let body = Relay::new(

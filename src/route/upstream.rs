@@ -11,7 +11,7 @@ use hyper::{Method, Request, Uri};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus those the
 /// router sets itself.
-const HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -25,12 +25,19 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none, or only `Connection: keep-alive`: a look at their few names and
+    // tokens costs less than removing each of ours, and allocates nothing.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|n| !n.eq_ignore_ascii_case("keep-alive") && !n.eq_ignore_ascii_case("close"))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
     for h in HOP_BY_HOP.iter().chain(named.iter()) {
         headers.remove(h);
@@ -39,11 +46,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The client's headers as every replica gets them (made once per request, whatever the
 /// retries). `strip_auth`: the client's `Authorization` was for the router (api_keys) and is not
-/// passed on.
-pub fn headers(mut h: HeaderMap, strip_auth: bool) -> HeaderMap {
+/// passed on. `body_len`: the length of the body every replica gets.
+pub fn headers(mut h: HeaderMap, strip_auth: bool, body_len: usize) -> HeaderMap {
     strip_hop_by_hop(&mut h);
-    // The body was read whole: the replica gets it with its length, at once.
-    h.remove(header::CONTENT_LENGTH);
+    // The body was read whole: the replica gets it with its length, at once (the client's own
+    // value where it is that length, as it is unless an alias renamed the model).
+    let len = u64::try_from(body_len).unwrap_or(u64::MAX);
+    let same = h.get_all(header::CONTENT_LENGTH).iter().count() == 1
+        && h.get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            == Some(len);
+    if !same {
+        h.remove(header::CONTENT_LENGTH);
+        if body_len > 0 {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+    }
     h.remove(header::EXPECT);
     h.remove(header::HOST);
     if strip_auth {
@@ -148,7 +167,7 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
         let host = HeaderValue::from_static("127.0.0.1:9");
         let uri = origin_form(&"http://front.example/v1/x?a=1".parse().unwrap());
-        let prepared = headers(h, true);
+        let prepared = headers(h, true, 2);
         let r = request(
             &Method::POST,
             &uri,
@@ -162,7 +181,11 @@ mod tests {
         assert!(h.get("x-secret").is_none());
         assert!(h.get(header::CONNECTION).is_none());
         assert!(h.get(header::AUTHORIZATION).is_none());
-        assert!(h.get(header::CONTENT_LENGTH).is_none());
+        assert_eq!(
+            h[header::CONTENT_LENGTH],
+            "2",
+            "the body's length, not the client's"
+        );
         assert_eq!(h[header::HOST], "127.0.0.1:9");
         assert_eq!(h[header::CONTENT_TYPE], "application/json");
         let mut h2 = HeaderMap::new();
@@ -173,12 +196,23 @@ mod tests {
         let r = request(
             &Method::GET,
             &Uri::from_static("/"),
-            &headers(h2, false),
+            &headers(h2, false, 0),
             host,
             Bytes::new(),
         );
         assert_eq!(r.headers()[header::AUTHORIZATION], "Bearer replica-key");
         assert_eq!(r.uri().to_string(), "/");
+        assert!(r.headers().get(header::CONTENT_LENGTH).is_none());
+        let mut h3 = HeaderMap::new();
+        h3.insert(header::CONTENT_LENGTH, HeaderValue::from_static("17"));
+        h3.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Close"),
+        );
+        let h3 = headers(h3, false, 17);
+        assert_eq!(h3[header::CONTENT_LENGTH], "17");
+        assert!(h3.get(header::CONNECTION).is_none());
+        assert_eq!(h3.len(), 1);
     }
 
     #[test]
