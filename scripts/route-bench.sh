@@ -5,6 +5,8 @@
 #
 # Needs nginx and wrk from Debian: apt-get install nginx wrk
 #   scripts/route-bench.sh [ROUNDS] [SECONDS]      (default 3 rounds of 8 s per point)
+#   ROUTE_BENCH_HEARTH=/path/to/hearth scripts/route-bench.sh …   (that binary, not a fresh build:
+#   to compare two builds back to back in one sitting)
 #
 # Setup: the real daemon runs one replica of a model whose server is nginx answering a fixed
 # completion (the fastest server there is, so that what is measured is the proxies); the router
@@ -24,8 +26,12 @@ queued=${ROUTE_BENCH_QUEUED:-2000}
 for tool in nginx wrk; do
   command -v "$tool" >/dev/null || { echo "needs $tool: apt-get install nginx wrk" >&2; exit 2; }
 done
-cargo build --release --quiet
-hearth=$PWD/${CARGO_TARGET_DIR:-target}/release/hearth
+if [ -n "${ROUTE_BENCH_HEARTH:-}" ]; then
+  hearth=$(realpath "$ROUTE_BENCH_HEARTH")
+else
+  cargo build --release --quiet
+  hearth=$PWD/${CARGO_TARGET_DIR:-target}/release/hearth
+fi
 dir=$(mktemp -d /tmp/route-bench.XXXXXX)
 pids=()
 cleanup() {

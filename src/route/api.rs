@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use hyper::body::{Bytes, Incoming};
 use hyper::header;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode, Uri};
 use serde_json::{json, Value};
 
 use super::body;
@@ -23,6 +23,7 @@ use super::model_field::{model_of, replace_model};
 use super::proxy;
 use super::relay::RouteBody;
 use super::router::Router;
+use super::upstream;
 
 const OPENAI_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
@@ -147,22 +148,18 @@ async fn openai(
         );
     };
     let canonical = &router.settings.models[model].name;
-    let body = if *canonical != name {
+    let body = if canonical.as_str() != name {
         let renamed = Bytes::from(replace_model(&body.bytes, span, canonical));
         body.replace(renamed)
     } else {
         body
     };
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or_else(|| parts.uri.path());
+    let uri = upstream::origin_form(&parts.uri);
     proxy::forward(
         router,
         model,
         parts.method,
-        pq,
+        uri,
         parts.headers,
         body,
         arrived,
@@ -221,9 +218,25 @@ async fn prefix(
             ),
         );
     }
+    // `/m/{model}` alone asks for the server's root.
+    let target = if server_path.is_empty() {
+        "/"
+    } else {
+        server_path
+    };
     let pq = match req.uri().query() {
-        Some(q) => format!("{server_path}?{q}"),
-        None => server_path.to_string(),
+        Some(q) => format!("{target}?{q}"),
+        None => target.to_string(),
+    };
+    let uri = match Uri::try_from(pq) {
+        Ok(u) => u,
+        Err(e) => {
+            return counted(
+                router,
+                Some(model),
+                errors::error(Failure::BadRequest, format!("cannot forward: {e}")),
+            )
+        }
     };
     let (parts, body) = req.into_parts();
     let body = match body::read(router, &parts.headers, body).await {
@@ -234,7 +247,7 @@ async fn prefix(
         router,
         model,
         parts.method,
-        &pq,
+        uri,
         parts.headers,
         body,
         arrived,

@@ -4,6 +4,8 @@
 //! request that would cross the shared bound is refused at once rather than waiting: it holds a
 //! connection, and the bytes it would wait for are other clients'.
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -63,6 +65,8 @@ pub async fn read(
     }
     let read = async {
         let mut body = body;
+        // Most bodies come in one piece: a list only for the others.
+        let mut first: Option<Bytes> = None;
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut len = 0usize;
         let mut held: Option<OwnedSemaphorePermit> = None;
@@ -93,15 +97,26 @@ pub async fn read(
                     None => held = Some(p),
                 }
             }
-            chunks.push(data);
+            match first.take() {
+                None if chunks.is_empty() => first = Some(data),
+                f => {
+                    chunks.extend(f);
+                    chunks.push(data);
+                }
+            }
         }
-        let bytes = match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.pop().expect("one chunk"),
-            _ => Bytes::from(chunks.concat()),
+        let bytes = match first {
+            Some(b) => b,
+            None if chunks.is_empty() => Bytes::new(),
+            None => Bytes::from(chunks.concat()),
         };
         Ok(Buffered { bytes, _held: held })
     };
+    // A small body usually came with the head: read at once, with no timer to set and cancel.
+    let mut read = std::pin::pin!(read);
+    if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        return r;
+    }
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(r) => r,
         Err(_) => Err(errors::error(

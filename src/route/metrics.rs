@@ -3,6 +3,8 @@
 //! the scrape, so replicas that are gone leave no series behind). Names start `hearth_route_`.
 //! Labels take only configured model names and status codes, never a name a client sent.
 
+use std::sync::OnceLock;
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -64,6 +66,34 @@ pub struct Metrics {
     queue_wait: Histograms,
     first_byte: Histograms,
     upstream: Histograms,
+    /// Per model (and one more for requests that named none), the series each request records,
+    /// found once: a family's lookup hashes a label set of fresh strings and takes a lock, several
+    /// times a request. A series still appears only once something was recorded in it.
+    series: Vec<Series>,
+}
+
+/// A model's series, each made on first use.
+struct Series {
+    /// By status, 100 to 599 (others are looked up in the family each time).
+    requests: Box<[OnceLock<Counter>]>,
+    retries: OnceLock<Counter>,
+    queue_wait: OnceLock<Histogram>,
+    first_byte: OnceLock<Histogram>,
+    upstream: OnceLock<Histogram>,
+}
+
+const STATUSES: std::ops::Range<u16> = 100..600;
+
+impl Series {
+    fn new() -> Series {
+        Series {
+            requests: STATUSES.map(|_| OnceLock::new()).collect(),
+            retries: OnceLock::new(),
+            queue_wait: OnceLock::new(),
+            first_byte: OnceLock::new(),
+            upstream: OnceLock::new(),
+        }
+    }
 }
 
 impl Metrics {
@@ -103,6 +133,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            series: (0..=models.len()).map(|_| Series::new()).collect(),
             models: models.iter().map(|m| m.name.clone()).collect(),
             requests,
             retries,
@@ -119,40 +150,65 @@ impl Metrics {
             .unwrap_or_default()
     }
 
+    /// A model's series; requests that named no model share the last.
+    fn series(&self, model: Option<usize>) -> &Series {
+        let i = model
+            .filter(|&i| i < self.models.len())
+            .unwrap_or(self.models.len());
+        &self.series[i]
+    }
+
     pub fn request(&self, model: Option<usize>, status: u16) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                model: self.model_label(model),
-                status: status.to_string(),
-            })
+        let labels = || RequestLabels {
+            model: self.model_label(model),
+            status: status.to_string(),
+        };
+        if !STATUSES.contains(&status) {
+            self.requests.get_or_create(&labels()).inc();
+            return;
+        }
+        self.series(model).requests[usize::from(status - STATUSES.start)]
+            .get_or_init(|| self.requests.get_or_create(&labels()).clone())
             .inc();
     }
 
     pub fn retry(&self, model: usize) {
-        self.retries
-            .get_or_create(&ModelLabel {
-                model: self.model_label(Some(model)),
+        self.series(Some(model))
+            .retries
+            .get_or_init(|| {
+                self.retries
+                    .get_or_create(&ModelLabel {
+                        model: self.model_label(Some(model)),
+                    })
+                    .clone()
             })
             .inc();
     }
 
     pub fn queue_wait(&self, model: usize, seconds: f64) {
-        self.observe(&self.queue_wait, model, seconds);
+        let s = &self.series(Some(model)).queue_wait;
+        self.observe(s, &self.queue_wait, model, seconds);
     }
 
     pub fn first_byte(&self, model: usize, seconds: f64) {
-        self.observe(&self.first_byte, model, seconds);
+        let s = &self.series(Some(model)).first_byte;
+        self.observe(s, &self.first_byte, model, seconds);
     }
 
     pub fn upstream(&self, model: usize, seconds: f64) {
-        self.observe(&self.upstream, model, seconds);
+        let s = &self.series(Some(model)).upstream;
+        self.observe(s, &self.upstream, model, seconds);
     }
 
-    fn observe(&self, h: &Histograms, model: usize, seconds: f64) {
-        h.get_or_create(&ModelLabel {
-            model: self.model_label(Some(model)),
-        })
-        .observe(seconds);
+    fn observe(&self, series: &OnceLock<Histogram>, h: &Histograms, model: usize, seconds: f64) {
+        series
+            .get_or_init(|| {
+                h.get_or_create(&ModelLabel {
+                    model: self.model_label(Some(model)),
+                })
+                .clone()
+            })
+            .observe(seconds);
     }
 
     /// The whole exposition: recorded series, then the queue's gauges now, then `# EOF`.
@@ -251,5 +307,54 @@ impl Collector for Gauges {
         )?;
         up.encode(metric)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    #[test]
+    fn series_appear_when_first_recorded_and_count_every_request() {
+        let settings = crate::route::settings::RouteSettings::defaults(
+            PathBuf::from("/nonexistent"),
+            vec![
+                ("a".to_string(), Duration::from_secs(1)),
+                ("b".to_string(), Duration::from_secs(1)),
+            ],
+        );
+        let m = Metrics::new(&settings.models);
+        let text = m.render(Vec::new(), false);
+        assert!(!text.contains("hearth_route_requests_total{"), "{text}");
+        assert!(!text.contains("hearth_route_queue_wait_seconds_count{"));
+        for _ in 0..3 {
+            m.request(Some(0), 200);
+        }
+        m.request(Some(1), 429);
+        m.request(None, 404);
+        m.request(Some(7), 404);
+        m.request(Some(0), 999);
+        m.retry(1);
+        m.queue_wait(0, 0.001);
+        m.queue_wait(0, 0.002);
+        m.first_byte(1, 0.01);
+        m.upstream(0, 0.5);
+        let text = m.render(Vec::new(), false);
+        for line in [
+            r#"hearth_route_requests_total{model="a",status="200"} 3"#,
+            r#"hearth_route_requests_total{model="b",status="429"} 1"#,
+            r#"hearth_route_requests_total{model="",status="404"} 2"#,
+            r#"hearth_route_requests_total{model="a",status="999"} 1"#,
+            r#"hearth_route_retries_total{model="b"} 1"#,
+            r#"hearth_route_queue_wait_seconds_count{model="a"} 2"#,
+            r#"hearth_route_time_to_first_byte_seconds_count{model="b"} 1"#,
+            r#"hearth_route_upstream_seconds_count{model="a"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains(r#"queue_wait_seconds_count{model="b"}"#));
+        assert!(!text.contains(r#"retries_total{model="a"}"#));
     }
 }

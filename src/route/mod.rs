@@ -10,7 +10,8 @@
 //! - `queue`: the decisions (FIFO, slots, choice of replica, reports), pure.
 //! - `router`: the queue shared by request tasks, and leases on slots.
 //! - `server`, `api`, `body`, `model_field`, `errors`: the HTTP side.
-//! - `proxy`, `upstream`, `relay`: a request's way to a replica and its answer's way back.
+//! - `proxy`, `upstream`, `pool`, `relay`: a request's way to a replica (on a pooled connection)
+//!   and its answer's way back.
 //! - `link`: the daemon's watch and the reports.
 //! - `metrics`: `hearth_route_*`.
 //! - `cmd`: the process.
@@ -23,6 +24,7 @@ pub mod link;
 pub mod metrics;
 pub mod model_field;
 pub mod paths;
+pub mod pool;
 pub mod proxy;
 pub mod queue;
 pub mod relay;

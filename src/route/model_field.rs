@@ -3,6 +3,8 @@
 //! place by the model's name, so that the replica gets exactly the bytes the client sent except
 //! that one value.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -30,7 +32,7 @@ struct Probe<'a> {
 }
 
 /// The model a body asks for, and where its value (quotes included) lies in the body.
-pub fn model_of(body: &[u8]) -> Result<(String, std::ops::Range<usize>), BodyError> {
+pub fn model_of(body: &[u8]) -> Result<(Cow<'_, str>, std::ops::Range<usize>), BodyError> {
     let probe: Probe = serde_json::from_slice(body).map_err(|e| {
         // A top-level array, or a second "model", is valid JSON but not a request we can route
         // without guessing.
@@ -41,7 +43,13 @@ pub fn model_of(body: &[u8]) -> Result<(String, std::ops::Range<usize>), BodyErr
         }
     })?;
     let raw = probe.model.ok_or(BodyError::NoModel)?;
-    let name: String = serde_json::from_str(raw.get()).map_err(|_| BodyError::ModelNotString)?;
+    // Borrowed from the body unless it has escapes to decode.
+    let name = match serde_json::from_str::<&str>(raw.get()) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(
+            serde_json::from_str::<String>(raw.get()).map_err(|_| BodyError::ModelNotString)?,
+        ),
+    };
     // The raw value borrows from `body`: its offset there is where the value starts.
     let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
     Ok((name, start..start + raw.get().len()))

@@ -7,14 +7,19 @@ use std::time::Instant;
 
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, Incoming};
-use hyper::header::{self, HeaderMap, HeaderValue};
-use hyper::{Method, Response, StatusCode};
+use hyper::header::{self, HeaderMap};
+use hyper::{Method, Response, StatusCode, Uri};
 
 use super::body::Buffered;
 use super::errors::{self, Failure};
+use super::pool::{self, Conn};
 use super::relay::{Relay, RouteBody};
 use super::router::{Lease, Refused, Router};
 use super::upstream;
+
+/// Which replica answered, on every answer relayed.
+const REPLICA_HEADER: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("x-hearth-replica");
 
 /// What one attempt at a replica gave.
 enum Attempt {
@@ -31,6 +36,8 @@ struct Answer {
     parts: hyper::http::response::Parts,
     first: Option<Frame<Bytes>>,
     rest: Option<Incoming>,
+    /// The connection it came on, for the next request once the answer was read to its end.
+    conn: Conn,
 }
 
 /// Whether a status says the replica could not take the request (its own proxy failed, or it is
@@ -39,8 +46,11 @@ fn unavailable(status: StatusCode) -> bool {
     status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
-async fn attempt(req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
-    let resp = match upstream::send(req).await {
+async fn attempt(
+    addr: std::net::SocketAddr,
+    req: hyper::Request<http_body_util::Full<Bytes>>,
+) -> Attempt {
+    let (resp, conn) = match pool::send(addr, req).await {
         Ok(r) => r,
         Err(e) if upstream::connection_failed(&e) => {
             return Attempt::ConnectionFailed(upstream::describe(&e))
@@ -53,6 +63,7 @@ async fn attempt(req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
             parts,
             first: None,
             rest: (!body.is_end_stream()).then_some(body),
+            conn,
         }));
     }
     // Nothing goes to the client before the first frame: a replica that dies before it still
@@ -62,11 +73,13 @@ async fn attempt(req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
             parts,
             first: None,
             rest: None,
+            conn,
         })),
         Some(Ok(f)) => Attempt::Answer(Box::new(Answer {
             parts,
             first: Some(f),
             rest: (!body.is_end_stream()).then_some(body),
+            conn,
         })),
         Some(Err(e)) if upstream::connection_failed(&e) => {
             Attempt::ConnectionFailed(upstream::describe(&e))
@@ -75,12 +88,13 @@ async fn attempt(req: hyper::Request<http_body_util::Full<Bytes>>) -> Attempt {
     }
 }
 
-/// Sends the request to a replica of `model` and relays the answer.
+/// Sends the request to a replica of `model` and relays the answer. `uri`: what the replica is
+/// asked for, in origin form.
 pub async fn forward(
     router: &Arc<Router>,
     model: usize,
     method: Method,
-    path_and_query: &str,
+    uri: Uri,
     headers: HeaderMap,
     body: Buffered,
     arrived: Instant,
@@ -120,26 +134,22 @@ pub async fn forward(
         model,
         lease.granted_at.duration_since(arrived).as_secs_f64(),
     );
-    let strip_auth = !router.settings.api_keys.is_empty();
+    let headers = upstream::headers(
+        headers,
+        !router.settings.api_keys.is_empty(),
+        body.bytes.len(),
+    );
     let mut retried = false;
     loop {
-        let req = match upstream::request(
+        let req = upstream::request(
             &method,
-            path_and_query,
+            &uri,
             &headers,
-            lease.grant.addr,
+            lease.grant.host.clone(),
             body.bytes.clone(),
-            strip_auth,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                left.0 = None;
-                router.metrics.request(Some(model), 400);
-                return errors::error(Failure::BadRequest, format!("cannot forward: {e}"));
-            }
-        };
+        );
         let sent = Instant::now();
-        let why = match attempt(req).await {
+        let why = match attempt(lease.grant.addr, req).await {
             Attempt::Answer(a)
                 if !(unavailable(a.parts.status)
                     && !retried
@@ -210,6 +220,7 @@ fn relay(
         mut parts,
         first,
         rest,
+        conn,
     } = answer;
     upstream::strip_hop_by_hop(&mut parts.headers);
     // An error event can be appended only where the length is not fixed.
@@ -219,8 +230,8 @@ fn relay(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
         && !parts.headers.contains_key(header::CONTENT_LENGTH);
-    if let Ok(v) = HeaderValue::from_str(&lease.grant.id) {
-        parts.headers.insert("x-hearth-replica", v);
+    if let Some(v) = lease.grant.id_header.clone() {
+        parts.headers.insert(REPLICA_HEADER, v);
     }
     let status = parts.status.as_u16();
     let body = Relay::new(
@@ -229,6 +240,7 @@ fn relay(
         status,
         first,
         rest,
+        conn,
         lease,
         sse,
         arrived,

@@ -21,6 +21,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hyper::header::HeaderValue;
+
 use super::settings::ModelRoute;
 use crate::protocol::Report;
 
@@ -39,6 +41,10 @@ pub struct Grant {
     pub replica: ReplicaKey,
     pub id: Arc<str>,
     pub addr: SocketAddr,
+    /// `addr` as the replica's `Host` header, and `id` as the answer's `x-hearth-replica` (None
+    /// where an id is not a valid header value), made once per replica rather than per request.
+    pub host: HeaderValue,
+    pub id_header: Option<HeaderValue>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -87,6 +93,8 @@ struct Replica {
     key: ReplicaKey,
     id: Arc<str>,
     addr: SocketAddr,
+    host: HeaderValue,
+    id_header: Option<HeaderValue>,
     routed: bool,
     in_flight: u32,
     arrived: u64,
@@ -293,6 +301,9 @@ impl<T> Queues<T> {
                     key: ReplicaKey(self.next_key),
                     id: id.as_str().into(),
                     addr: *addr,
+                    host: HeaderValue::from_str(&addr.to_string())
+                        .expect("an address is a valid header value"),
+                    id_header: HeaderValue::from_str(id).ok(),
                     routed: true,
                     in_flight: 0,
                     arrived: 0,
@@ -463,6 +474,8 @@ impl<T> ModelQueue<T> {
             replica: r.key,
             id: r.id.clone(),
             addr: r.addr,
+            host: r.host.clone(),
+            id_header: r.id_header.clone(),
         })
     }
 

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 
+use super::pool::Conn;
 use super::router::{Lease, Router};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -43,6 +44,8 @@ pub struct Relay {
     /// before it can still be retried).
     first: Option<Frame<Bytes>>,
     upstream: Option<Incoming>,
+    /// The replica connection, back to the pool when the answer was read to its end.
+    conn: Option<Conn>,
     lease: Option<Lease>,
     sse: bool,
     /// The last two bytes sent, to end an event cut off mid-way before the error event.
@@ -61,6 +64,7 @@ impl Relay {
         status: u16,
         first: Option<Frame<Bytes>>,
         upstream: Option<Incoming>,
+        conn: Conn,
         lease: Lease,
         sse: bool,
         arrived: Instant,
@@ -72,6 +76,7 @@ impl Relay {
             status,
             first,
             upstream,
+            conn: Some(conn),
             lease: Some(lease),
             sse,
             tail: *b"\n\n",
@@ -107,7 +112,11 @@ impl Relay {
     fn upstream_done(&mut self, complete: bool) {
         self.upstream = None;
         self.lease = None;
+        let conn = self.conn.take();
         if complete {
+            if let Some(c) = conn {
+                c.reuse();
+            }
             self.router
                 .metrics
                 .upstream(self.model, self.sent_upstream.elapsed().as_secs_f64());

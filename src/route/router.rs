@@ -210,7 +210,6 @@ impl Router {
     where
         R: TakeDeliveries,
     {
-        let now = Instant::now();
         let (out, wake) = {
             let mut q = self.lock();
             let mut out = f(&mut q);
@@ -221,7 +220,7 @@ impl Router {
                     // A receiver can only be gone if its request was dropped between its cancel
                     // and now, which the lock excludes; give the slot back all the same.
                     if let Err(grant) = ticket.send(grant) {
-                        again.extend(q.release(&grant, now));
+                        again.extend(q.release(&grant, Instant::now()));
                     }
                 }
                 pending = again;
@@ -276,9 +275,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let grant = self.grant.clone();
+        let grant = &self.grant;
         self.router
-            .with_queues(|q| q.release(&grant, Instant::now()));
+            .with_queues(|q| q.release(grant, Instant::now()));
     }
 }
 

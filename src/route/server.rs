@@ -22,9 +22,9 @@ use tokio_util::task::TaskTracker;
 use super::api;
 use super::router::Router;
 
-/// Longest request head (request line and headers).
+/// Longest request head (request line and headers). At most 100 headers, hyper's own bound:
+/// setting another puts the parser's header tables on the heap, two allocations per request.
 const MAX_HEAD: usize = 64 * 1024;
-const MAX_HEADERS: usize = 128;
 /// A request head must arrive within this, and an idle keep-alive connection closes after it.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -83,7 +83,6 @@ pub async fn serve(
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEAD_TIMEOUT)
                     .max_buf_size(MAX_HEAD)
-                    .max_headers(MAX_HEADERS)
                     .keep_alive(true)
                     .serve_connection(TokioIo::new(stream), svc);
                 tokio::pin!(conn);
