@@ -56,6 +56,10 @@ impl Node {
                 let ix = names
                     .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
                     .ok()?;
+                // Every one left is surplus the next events stop: not even sorted.
+                if pass.get(ix).is_some_and(|p| p.placeable == Some(0)) {
+                    return None;
+                }
                 let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
                 Some((-prio, r.created, r.n, h, ix))
             })
