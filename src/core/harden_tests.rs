@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::tests::{model, routed_sets, spawns, Harness, BASE};
 use super::*;
 use crate::config::Config;
-use crate::protocol::{Report, Request, WarmPoolSetting};
+use crate::protocol::{Report, Request, WarmPoolSetting, WatchEvent, WatchedState};
 
 fn scale(h: &mut Harness, m: &str, min: Option<u32>, max: Option<u32>) -> serde_json::Value {
     h.request(
@@ -467,4 +467,103 @@ fn answers_quote_little_of_what_they_were_sent() {
         assert!(a.to_string().len() < 512, "{}", a.to_string().len());
     }
     assert!(h.node.gpus.views().iter().all(|g| !g.cordoned));
+}
+
+/// `model` on 2,000 ports, `min = 2`, `max = 1000`; `extra` as `model` takes it.
+fn a_thousand(gpus: &str) -> String {
+    BASE.replace("30000-30099", "30000-31999")
+        + &model("a", "", "min = 2\nmax = 1000").replace("gpus = 0", gpus)
+}
+
+/// Scales `a` to `n` and ticks (100 virtual ms apart), answering every spawn with a pid and
+/// never warming, until the model has `n` replicas; the ticks it took.
+fn grow_to(h: &mut Harness, n: u32) -> usize {
+    let mark = h.log.len();
+    assert_eq!(scale(h, "a", Some(n), Some(n))["ok"], true);
+    let mut out = h.log.split_off(mark);
+    for ticks in 0..200 {
+        // Each `Spawned` may ask for more.
+        while spawns(&out) > 0 {
+            let mark = h.log.len();
+            h.spawn_all(&out);
+            out = h.log.split_off(mark);
+        }
+        if replicas_of(h, "a") >= n as usize {
+            return ticks;
+        }
+        out = h.advance(Duration::from_millis(100));
+    }
+    panic!("{} replicas, not {n}", replicas_of(h, "a"));
+}
+
+/// Scales `a` to `to` and ticks until it has `to` replicas, checking that no event (the
+/// `scale` included) stops more than a batch of them or starts one; the events it took.
+fn shrink_to(h: &mut Harness, to: u32) -> usize {
+    let batch = super::reconcile::STOPS_PER_EVENT as usize;
+    let mark = h.log.len();
+    assert_eq!(scale(h, "a", Some(to), Some(to))["ok"], true);
+    // Each event's actions, in turn; a stopped process exits at once (an event of its own),
+    // a pending replica is gone with the event that stopped it.
+    let mut events = vec![h.log.split_off(mark)];
+    let mut handled = 0;
+    for _ in 0..200 {
+        while let Some(out) = events.pop() {
+            handled += 1;
+            assert_eq!(spawns(&out), 0, "a surplus replica was started");
+            let term = super::tests::signals(&out, StopSignal::Term);
+            assert!(term.len() <= batch, "{} stopped by one event", term.len());
+            // Pending ones stopped, and the one process that exited.
+            let gone = out
+                .iter()
+                .filter(|a| {
+                    matches!(a, Action::Publish(WatchEvent::Replica { state, .. })
+                        if *state == WatchedState::GONE)
+                })
+                .count();
+            assert!(gone <= batch + 1, "{gone} gone with one event");
+            for id in term {
+                events.push(h.exit(&id, "exit status 0"));
+            }
+        }
+        if replicas_of(h, "a") == to as usize {
+            return handled;
+        }
+        events.push(h.advance(Duration::from_millis(100)));
+    }
+    panic!("{} replicas, not {to}", replicas_of(h, "a"));
+}
+
+#[test]
+fn a_scale_from_a_thousand_to_two_stops_the_surplus_over_several_events() {
+    let batch = super::reconcile::STOPS_PER_EVENT as usize;
+    // Pending: one GPU each on two devices, so 998 of a thousand wait for a GPU.
+    let mut h = Harness::new(&a_thousand("gpus = 1"));
+    let first = h.log.clone();
+    h.settle(first);
+    assert_eq!(h.in_state("a", ReplicaState::Routed).len(), 2);
+    let events = grow_to(&mut h, 1000);
+    assert!(events > 20, "a thousand created in {events} events");
+    assert_eq!(h.in_state("a", ReplicaState::Pending).len(), 998);
+    let events = shrink_to(&mut h, 2);
+    assert!(events >= 998 / batch, "998 stopped in {events} events");
+    // Exactly what was asked for, and the routed ones never touched.
+    h.run_for(Duration::from_secs(2));
+    assert_eq!(replicas_of(&h, "a"), 2);
+    assert_eq!(h.in_state("a", ReplicaState::Routed).len(), 2);
+
+    // Starting: processes spawned, never warm; each stop is a SIGTERM, then an exit.
+    let mut h = Harness::new(&a_thousand("gpus = 0"));
+    let first = h.log.clone();
+    h.settle(first);
+    grow_to(&mut h, 300);
+    let starting = h.in_state("a", ReplicaState::Starting).len();
+    assert!(starting > 200, "{starting} starting");
+    let events = shrink_to(&mut h, 2);
+    assert!(
+        events > starting / batch,
+        "{starting} stopped in {events} events"
+    );
+    h.run_for(Duration::from_secs(2));
+    assert_eq!(replicas_of(&h, "a"), 2);
+    assert_eq!(h.in_state("a", ReplicaState::Routed).len(), 2);
 }

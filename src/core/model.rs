@@ -89,6 +89,10 @@ pub struct ModelState {
     pub time_to_ready: Option<Duration>,
     /// Removed from the configuration: its replicas drain away, then it is forgotten.
     pub removed: bool,
+    /// Set while its surplus stops are unfinished (more than a batch were due in one event):
+    /// how many of its pending replicas, the oldest, the pending pass may still place. The
+    /// others are surplus the next events stop; starting them meanwhile would be waste.
+    pub placeable_pending: Option<u32>,
 }
 
 impl ModelState {
@@ -111,6 +115,7 @@ impl ModelState {
             autoscaler: Autoscaler::default(),
             time_to_ready: None,
             removed: false,
+            placeable_pending: None,
         };
         m.desired_routed = m.min();
         m

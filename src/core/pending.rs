@@ -28,6 +28,9 @@ struct ModelPass {
     /// and again only after the pass changed it (a start placed on devices, a replica
     /// reclaimed).
     held: Option<BTreeMap<String, String>>,
+    /// How many more of its pending replicas may start, while its surplus stops are unfinished
+    /// (see `ModelState::placeable_pending`).
+    placeable: Option<u32>,
 }
 
 impl Node {
@@ -35,7 +38,13 @@ impl Node {
     pub(super) fn place_pending(&mut self, now: Time, out: &mut Vec<Action>) {
         // The models in name order; a pending replica carries its model's place here.
         let names: Vec<String> = self.models.keys().cloned().collect();
-        let mut pass: Vec<ModelPass> = names.iter().map(|_| ModelPass::default()).collect();
+        let mut pass: Vec<ModelPass> = names
+            .iter()
+            .map(|n| ModelPass {
+                placeable: self.models.get(n).and_then(|m| m.placeable_pending),
+                ..ModelPass::default()
+            })
+            .collect();
         // Higher priority first, then oldest: a model that reclaimed GPUs gets them. (A replica
         // of a model no longer configured is never placed.) Held by handle: most stay pending,
         // and their ids are not copied for it.
@@ -47,6 +56,10 @@ impl Node {
                 let ix = names
                     .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
                     .ok()?;
+                // Every one left is surplus the next events stop: not even sorted.
+                if pass.get(ix).is_some_and(|p| p.placeable == Some(0)) {
+                    return None;
+                }
                 let prio = self.models.get(&r.model).map_or(0, |m| m.config.priority);
                 Some((-prio, r.created, r.n, h, ix))
             })
@@ -72,7 +85,7 @@ impl Node {
             let (Some(model), Some(this)) = (names.get(ix), pass.get_mut(ix)) else {
                 continue;
             };
-            if self.replicas.at(h).is_none() {
+            if self.replicas.at(h).is_none() || this.placeable == Some(0) {
                 continue;
             }
             this.reached = true;
@@ -155,6 +168,9 @@ impl Node {
                 pass.iter_mut().for_each(|p| p.held = None);
             }
             placed_now += 1;
+            if let Some(this) = pass.get_mut(ix) {
+                this.placeable = this.placeable.map(|n| n.saturating_sub(1));
+            }
             self.set_state(&id, ReplicaState::Starting, now, out);
             if let Some(spec) = self.spawn_spec(&id) {
                 out.push(Action::Spawn(spec));

@@ -32,6 +32,15 @@ pub const STARTS_PER_EVENT: u32 = 32;
 /// rest follow with the next events, as starts do.
 pub const DRAINS_PER_EVENT: u32 = 32;
 
+/// Surplus replicas (pending, starting, warm) one event may stop for a model: a `scale` from a
+/// thousand back to two stops them over about 30 events, not in one (a thousand stops were a
+/// millisecond of the loop). The rest follow with the next events: every event, the tick
+/// included, reconciles every model again, and a stopped process answers with its exit.
+pub const STOPS_PER_EVENT: u32 = 32;
+
+/// What one surplus stop says.
+pub(super) const SURPLUS: &str = "surplus: more than the model needs";
+
 impl Node {
     pub(super) fn reconcile(&mut self, now: Time, out: &mut Vec<Action>) {
         if self.shutdown.is_some() {
@@ -99,6 +108,9 @@ impl Node {
     }
 
     fn reconcile_model(&mut self, name: &str, now: Time, out: &mut Vec<Action>) {
+        if let Some(m) = self.models.get_mut(name) {
+            m.placeable_pending = None;
+        }
         let Some(m) = self.models.get(name) else {
             return;
         };
@@ -216,20 +228,18 @@ impl Node {
         // Too many routed: back to the pool if it is short (what it holds it finishes there),
         // else drain.
         // The least busy first, the newest among equals; ranked once, as above.
-        // (Ranked only when it will be used: a walk and a copy of every routed replica's id.)
-        let mut least_busy = if c.routed > desired {
-            self.ranked(
+        // (Only as many as this event may unroute are ranked and copied.)
+        let mut least_busy = self
+            .ranked_first(
                 name,
                 |r| r.state == ReplicaState::Routed,
                 |r| {
                     let busy = r.signal.last().map_or(0, |s| s.in_flight + s.queue_depth);
                     (busy, std::cmp::Reverse(r.n))
                 },
+                c.routed.saturating_sub(desired).min(DRAINS_PER_EVENT) as usize,
             )
-        } else {
-            Vec::new()
-        }
-        .into_iter();
+            .into_iter();
         let mut scaled_down = 0;
         while c.routed > desired && scaled_down < DRAINS_PER_EVENT {
             scaled_down += 1;
@@ -282,27 +292,41 @@ impl Node {
                         .fresh(now, stale_after)
                         .is_some_and(|s| s.in_flight > 0 || s.queue_depth > 0)
             };
+            // Pending ones first (stopping one costs nothing), at most a batch per event.
+            let mut budget = STOPS_PER_EVENT;
+            let mut pending_left = c.pending;
             for state in [
                 ReplicaState::Pending,
                 ReplicaState::Starting,
                 ReplicaState::Warm,
             ] {
+                if surplus == 0 || budget == 0 {
+                    break;
+                }
                 // Adopted replicas re-verifying their warm-up are not surplus: they are the
-                // capacity being taken back. The newest first; ranked once, as above.
+                // capacity being taken back. The newest first; ranked once, as above, and only
+                // as many as this event may stop.
                 let surplus_of = |r: &Replica| {
                     r.state == state
                         && !finishing(r)
                         && !(r.adopted && r.state == ReplicaState::Starting)
                 };
-                let mut newest = self
-                    .ranked(name, surplus_of, |r| std::cmp::Reverse(r.n))
-                    .into_iter();
-                while surplus > 0 {
-                    let Some(id) = newest.next() else {
-                        break;
-                    };
-                    self.stop(&id, "surplus: more than the model needs", false, now, out);
+                let take = surplus.min(budget) as usize;
+                let newest = self.ranked_first(name, surplus_of, |r| std::cmp::Reverse(r.n), take);
+                for id in newest {
+                    self.stop(&id, SURPLUS, false, now, out);
                     surplus -= 1;
+                    budget -= 1;
+                    if state == ReplicaState::Pending {
+                        pending_left = pending_left.saturating_sub(1);
+                    }
+                }
+            }
+            // Stops left for the next events: the pending replicas they will stop (the newest)
+            // must not be started meanwhile.
+            if surplus > 0 {
+                if let Some(m) = self.models.get_mut(name) {
+                    m.placeable_pending = Some(pending_left.saturating_sub(surplus));
                 }
             }
         }
@@ -346,6 +370,37 @@ impl Node {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// The first `k` of [`Self::ranked`], copying only their ids: a loop that may take a batch
+    /// of a thousand candidates pays a partial selection, not a sort and a copy of all.
+    fn ranked_first<K: Ord>(
+        &self,
+        model: &str,
+        f: impl Fn(&Replica) -> bool,
+        key: impl Fn(&Replica) -> K,
+        k: usize,
+    ) -> Vec<ReplicaId> {
+        if k == 0 {
+            return Vec::new();
+        }
+        // The walk's position breaks ties, as `ranked`'s stable sort does.
+        let mut v: Vec<(K, usize, &ReplicaId)> = self
+            .replicas
+            .of_model(model)
+            .filter(|r| f(r))
+            .enumerate()
+            .map(|(i, r)| (key(r), i, &r.id))
+            .collect();
+        let by = |a: &(K, usize, &ReplicaId), b: &(K, usize, &ReplicaId)| {
+            a.0.cmp(&b.0).then(a.1.cmp(&b.1))
+        };
+        if v.len() > k {
+            v.select_nth_unstable_by(k - 1, by);
+            v.truncate(k);
+        }
+        v.sort_unstable_by(by);
+        v.into_iter().map(|(_, _, id)| id.clone()).collect()
     }
 
     fn create_pending(&mut self, model: &str, now: Time, out: &mut Vec<Action>) {

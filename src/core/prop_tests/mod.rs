@@ -151,6 +151,29 @@ impl World {
             self.unanswered.remove(replica);
         }
         let before = self.node.replicas.len();
+        // Pending replicas (those departing, after the event, stop at once whatever their
+        // number: not surplus), and the replicas already stopping.
+        let pending_before: Vec<Replica> = self
+            .node
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Pending)
+            .cloned()
+            .collect();
+        let stopping_before: BTreeSet<ReplicaId> = self
+            .node
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Stopping)
+            .map(|r| r.id.clone())
+            .collect();
+        let is_drain = matches!(
+            &ev,
+            Event::Request {
+                request: crate::protocol::Request::Drain { .. },
+                ..
+            }
+        );
         let out = self.node.handle(ev, self.now);
         let after = self.node.replicas.len();
         // Bounded work: nothing a client sent sizes what one event does.
@@ -168,6 +191,26 @@ impl World {
             "{} replicas created by one event (batch {batch} × {models} models)",
             after - before
         );
+        // And surplus stops too (a `scale` from the whole range back down): pending ones,
+        // gone with the event, and the others, which say why they stop.
+        let stop_batch = super::reconcile::STOPS_PER_EVENT as usize * models;
+        let surplus_stops = self
+            .node
+            .replicas
+            .values()
+            .filter(|r| r.state == ReplicaState::Stopping && r.reason == super::reconcile::SURPLUS)
+            .filter(|r| !stopping_before.contains(&r.id))
+            .count()
+            + pending_before
+                .iter()
+                .filter(|r| !self.node.replicas.contains_key(&r.id) && !self.node.departing(r))
+                .count();
+        if self.node.shutdown.is_none() && !is_drain {
+            assert!(
+                surplus_stops <= stop_batch,
+                "{surplus_stops} surplus replicas stopped by one event (batch {stop_batch})"
+            );
+        }
         let spawns = out.iter().filter(|a| matches!(a, Action::Spawn(_))).count();
         assert!(
             spawns <= batch,
