@@ -14,6 +14,8 @@
 mod adopt;
 #[cfg(test)]
 mod adopt_tests;
+#[cfg(test)]
+mod autoscaler_tests;
 mod capacity;
 mod event;
 mod front_door;

@@ -1,0 +1,101 @@
+//! The way down: one replica per `down_step`, along the envelope, once the stabilization
+//! window is calm. Scaling down early costs a cold start when the load comes back.
+
+use super::{Autoscaler, Decision, Inputs};
+
+impl Autoscaler {
+    /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
+    /// recommendation covering the last `down_stabilization` of demand — each second's envelope
+    /// need (which itself looks back one envelope span), and what served while the wait was over
+    /// target — is below the routed count, and the wait is calm now. Without measured rates, only after a whole window with no queue on average.
+    pub(super) fn scale_down(
+        &mut self,
+        inp: &Inputs,
+        wait: f64,
+        target_ms: f64,
+        desired: u32,
+    ) -> Option<Decision> {
+        let now = inp.now;
+        let s = inp.scaling;
+        // Scale to zero: only after idle_to_zero with no work at all.
+        if inp.min == 0 {
+            if let Some(since) = self.idle_since {
+                if now.since(since) >= s.idle_to_zero
+                    && self.last_up.is_none_or(|t| now.since(t) >= s.idle_to_zero)
+                {
+                    self.last_down = Some(now);
+                    return Some(Decision {
+                        to: 0,
+                        reason: format!(
+                            "no work for {}",
+                            crate::units::short_duration(s.idle_to_zero)
+                        ),
+                    });
+                }
+            }
+        }
+        let floor = inp.min.max(1);
+        if desired <= floor || inp.routed < desired {
+            return None;
+        }
+        // A whole window of signal since it began, and a step since the last scale-down.
+        if self
+            .first_seen
+            .is_none_or(|t| now.since(t) < s.down_stabilization)
+            || self.last_down.is_some_and(|t| now.since(t) < s.down_step)
+        {
+            return None;
+        }
+        let calm_ms = s.down_below * target_ms;
+        if wait >= calm_ms {
+            return None;
+        }
+        let window = s.down_stabilization;
+        let why = match self.envelope {
+            Some((rate, _)) => {
+                // Each second's envelope already looks back one envelope span: its needs over
+                // the rest of the window cover `down_stabilization` of demand, no more. What
+                // served while the wait was over target is remembered for the whole window.
+                let highest = self
+                    .demand
+                    .peak_recommendation(
+                        window
+                            .saturating_sub(self.envelope_span())
+                            .max(self.envelope_span()),
+                    )
+                    .max(self.demand.peak_trouble(window));
+                if highest >= desired {
+                    return None;
+                }
+                format!(
+                    "the highest need of the last {} is {highest} (arrivals now peak at {rate:.1}/s \
+                     within {})",
+                    crate::units::short_duration(window),
+                    crate::units::short_duration(self.envelope_span())
+                )
+            }
+            None => {
+                // Without rates: no second over target, and no queue on average.
+                let (mut n, mut depth, mut over) = (0.0, 0.0, false);
+                for b in self.demand.recent(window) {
+                    n += 1.0;
+                    depth += b.depth();
+                    over |= b.wait_max > target_ms;
+                }
+                if n == 0.0
+                    || over
+                    || depth / n >= 0.5
+                    || self.last_up.is_some_and(|t| now.since(t) < window)
+                {
+                    return None;
+                }
+                "no queue".to_string()
+            }
+        };
+        self.last_down = Some(now);
+        Some(Decision {
+            to: desired - 1,
+            reason: format!("calm: oldest wait {wait:.0} ms < {calm_ms:.0} ms; {why}"),
+        })
+    }
+}
