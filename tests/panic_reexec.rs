@@ -27,14 +27,14 @@ const FAULT_OP: &str = "version";
 const MAX_PANIC_REEXECS: usize = 3;
 
 /// A daemon armed to panic on `version`, with one routed replica of a toy that takes 3 s to
-/// load (a cold start would show), in a cgroup2 subtree; None (with a note) where this host
-/// has none.
+/// load (a cold start would show) and no room to scale (the test's load would start a second
+/// one), in a cgroup2 subtree; None (with a note) where this host has none.
 fn daemon() -> Option<Daemon> {
     if !is_root() {
         eprintln!("note: not root: replicas cannot outlive the daemon without a cgroup here");
         return None;
     }
-    let toy = Model::toy("a", &["--load-time", "3s"]).scale(1, 2, 0);
+    let toy = Model::toy("a", &["--load-time", "3s"]).scale(1, 1, 0);
     let d = Daemon::builder()
         .model(toy)
         .tick("100ms")
