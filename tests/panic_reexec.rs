@@ -6,8 +6,9 @@
 //! adopts it.
 //!
 //! The core cannot panic by construction, so the panic is injected: the daemon runs with
-//! `HEARTH_FAULT_INJECT_PANIC_ON_OP=version`, and its core's loop panics on every `version`
-//! request from an admin (upgrade.rs, `PanicFault`).
+//! `HEARTH_FAULT_INJECT_PANIC_ON_OP=gpus`, and its core's loop panics on every `gpus` request
+//! from an admin (upgrade.rs, `PanicFault`), in every run of that daemon: a test decides by its
+//! requests how many panics come in a row.
 //!
 //! Replicas outlive the daemon only in a cgroup: these need root and a writable cgroup v2 (CI
 //! has both); elsewhere they say so and return.
@@ -21,12 +22,13 @@ use testkit::status::{addr, pid};
 use testkit::*;
 
 const FAULT_ENV: &str = "HEARTH_FAULT_INJECT_PANIC_ON_OP";
-/// The op that trips the fault: nothing in the harness sends it on its own.
-const FAULT_OP: &str = "version";
+/// The op that trips the fault: nothing here sends it on its own (`hearth upgrade` waits for
+/// the new binary with `version`, so not that one).
+const FAULT_OP: &str = "gpus";
 /// `upgrade::MAX_PANIC_REEXECS`.
 const MAX_PANIC_REEXECS: usize = 3;
 
-/// A daemon armed to panic on `version`, with one routed replica of a toy that takes 3 s to
+/// A daemon armed to panic on `gpus`, with one routed replica of a toy that takes 3 s to
 /// load (a cold start would show) and no room to scale (the test's load would start a second
 /// one), in a cgroup2 subtree; None (with a note) where this host has none.
 fn daemon() -> Option<Daemon> {
@@ -275,4 +277,60 @@ fn more_panics_in_a_row_than_the_limit_end_the_daemon_and_the_replica_lives_on_t
         d.log_tail(40)
     );
     // Dropping `d` kills the daemon and the replica it adopted, and fails if either survives.
+}
+
+#[test]
+fn the_fault_outlives_an_upgrade_and_the_upgraded_daemon_panics_and_adopts_the_same_way() {
+    let Some(mut d) = daemon() else {
+        return;
+    };
+    let (replica_pid, _) = routed_replica(&d);
+    let spawned = count(&d, "spawned: ");
+    let out = d.cli_ok(&["upgrade"]);
+    assert!(out.contains("upgraded"), "{out}");
+    wait_until("the upgraded daemon", Duration::from_secs(30), || {
+        d.log()
+            .contains("taking over from the previous binary")
+            .then_some(())
+    });
+    assert_eq!(
+        count(&d, "fault injection ("),
+        2,
+        "armed again in the new binary:\n{}",
+        d.log_tail(20)
+    );
+    make_it_panic(&d);
+    wait_reexecuted(&mut d, 1);
+    let (again_pid, _) = routed_replica(&d);
+    assert_eq!(again_pid, replica_pid, "adopted:\n{}", d.log_tail(40));
+    assert_eq!(
+        count(&d, "spawned: "),
+        spawned,
+        "no replica cold-started:\n{}",
+        d.log_tail(40)
+    );
+}
+
+#[test]
+fn a_fault_that_names_no_op_refuses_the_start_and_nothing_runs() {
+    let mut d = Daemon::builder()
+        .model(Model::toy("a", &[]))
+        .env(FAULT_ENV, "panic-please")
+        .spawn();
+    let st = d
+        .wait_exit(Duration::from_secs(30))
+        .expect("the daemon exits");
+    assert_eq!(st.code(), Some(1), "{}", d.log());
+    assert!(
+        d.log()
+            .contains(&format!("{FAULT_ENV}=\"panic-please\" is not an op")),
+        "{}",
+        d.log()
+    );
+    assert!(!d.socket.exists(), "nothing bound");
+    assert!(
+        d.children().is_empty(),
+        "nothing started: {:?}",
+        d.children()
+    );
 }
