@@ -1,9 +1,9 @@
 //! A panic of the daemon's core ends in re-adoption, not in a cold start of the host (issue 11,
 //! item 7), with the real binary: the daemon re-executes itself (the same pid), adopts its
 //! replica from the ledger it kept saving (the same pid, routed again after its warm-up, never
-//! started again) while the replica answers every request sent to it; after more panics in a
-//! row than `MAX_PANIC_REEXECS` (3) it exits saying so, the replica lives on, and the next start
-//! adopts it.
+//! started again) while every request is answered, sent to the replica or through the front
+//! door (`hearth route`); after more panics in a row than `MAX_PANIC_REEXECS` (3) it exits
+//! saying so, the replica lives on, and the next start adopts it.
 //!
 //! The core cannot panic by construction, so the panic is injected: the daemon runs with
 //! `HEARTH_FAULT_INJECT_PANIC_ON_OP=gpus`, and its core's loop panics on every `gpus` request
@@ -32,16 +32,17 @@ const MAX_PANIC_REEXECS: usize = 3;
 /// load (a cold start would show) and no room to scale (the test's load would start a second
 /// one), in a cgroup2 subtree; None (with a note) where this host has none.
 fn daemon() -> Option<Daemon> {
+    let toy = Model::toy("a", &["--load-time", "3s"]).scale(1, 1, 0);
+    armed(Daemon::builder().model(toy).tick("100ms"))
+}
+
+/// `builder` with the fault armed, started, where replicas can outlive the daemon.
+fn armed(builder: DaemonBuilder) -> Option<Daemon> {
     if !is_root() {
         eprintln!("note: not root: replicas cannot outlive the daemon without a cgroup here");
         return None;
     }
-    let toy = Model::toy("a", &["--load-time", "3s"]).scale(1, 1, 0);
-    let d = Daemon::builder()
-        .model(toy)
-        .tick("100ms")
-        .env(FAULT_ENV, FAULT_OP)
-        .start();
+    let d = builder.env(FAULT_ENV, FAULT_OP).start();
     if !d.containment().starts_with("cgroup2 subtree at") {
         eprintln!("note: no writable cgroup2 here: {}", d.log_tail(20));
         return None;
@@ -97,7 +98,7 @@ fn wait_reexecuted(d: &mut Daemon, n: usize) {
     });
 }
 
-/// Completions sent to one replica on a thread until stopped: (ok, failed, errors).
+/// Completions sent one after the other on a thread until stopped: (ok, failed, errors).
 struct Load {
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
@@ -106,7 +107,26 @@ struct Load {
 }
 
 impl Load {
-    fn start(addr: String) -> Load {
+    /// Straight to a replica.
+    fn to_replica(addr: String) -> Load {
+        Load::start(move || match complete(&addr, Duration::from_secs(10)) {
+            Ok(r) if r.status == 200 => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+    }
+
+    /// Through the front door.
+    fn through(front_door: std::net::SocketAddr) -> Load {
+        Load::start(move || {
+            match testkit::route::complete(front_door, "a", Duration::from_secs(30)) {
+                Ok(r) if r.status == 200 => Ok(()),
+                Ok(r) => Err(format!("{} {}", r.status, r.text())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    fn start(one: impl Fn() -> Result<(), String> + Send + 'static) -> Load {
         let (ok, failed, stop) = (
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicU64::new(0)),
@@ -116,13 +136,13 @@ impl Load {
         let thread = std::thread::spawn(move || {
             let mut errors = Vec::new();
             while !s.load(Ordering::Relaxed) {
-                match complete(&addr, Duration::from_secs(10)) {
-                    Ok(r) if r.status == 200 => {
+                match one() {
+                    Ok(()) => {
                         o.fetch_add(1, Ordering::Relaxed);
                     }
-                    other => {
+                    Err(e) => {
                         f.fetch_add(1, Ordering::Relaxed);
-                        errors.push(format!("{other:?}"));
+                        errors.push(e);
                     }
                 }
             }
@@ -171,7 +191,7 @@ fn a_core_panic_re_executes_the_daemon_which_adopts_its_replica_without_a_cold_s
     let (replica_pid, replica_addr) = routed_replica(&d);
     let spawned = count(&d, "spawned: ");
     let adoptions = count(&d, "adopted 1 replica(s), stopping 0");
-    let load = Load::start(replica_addr.clone());
+    let load = Load::to_replica(replica_addr.clone());
     load.more(20);
 
     make_it_panic(&d);
@@ -333,4 +353,34 @@ fn a_fault_that_names_no_op_refuses_the_start_and_nothing_runs() {
         "nothing started: {:?}",
         d.children()
     );
+}
+
+#[test]
+fn requests_through_the_front_door_are_all_answered_across_a_core_panic() {
+    let toy = Model::front_toy("a", &["--load-time", "3s"]).scale(1, 1, 0);
+    let Some(mut d) = armed(testkit::route::front_door_daemon([toy], "")) else {
+        return;
+    };
+    let router = testkit::route::Router::start(&d);
+    let (replica_pid, _) = routed_replica(&d);
+    let connected = |router: &testkit::route::Router| {
+        wait_until(
+            "the router following the daemon",
+            Duration::from_secs(30),
+            || (router.metric("hearth_route_daemon_connected")? == 1.0).then_some(()),
+        )
+    };
+    connected(&router);
+    let load = Load::through(router.addr);
+    load.more(20);
+
+    make_it_panic(&d);
+    wait_reexecuted(&mut d, 1);
+    let (again_pid, _) = routed_replica(&d);
+    assert_eq!(again_pid, replica_pid, "adopted:\n{}", d.log_tail(40));
+    connected(&router);
+    load.more(20);
+    let (ok, failed, errors) = load.finish();
+    println!("a core panic under the front door: {ok} completions, {failed} failed");
+    assert_eq!(failed, 0, "{errors:?}");
 }
