@@ -69,6 +69,8 @@ pub struct Daemon {
     pub notifier: Notifier,
     /// The log filter, changed by reloads.
     pub log: LogControl,
+    /// Fault injection for tests (`upgrade::FAULT_PANIC_ENV`); None in production.
+    pub fault: Option<upgrade::PanicFault>,
 }
 
 /// The loop's state: the core, and what carries out and announces its decisions.
@@ -99,6 +101,7 @@ struct Shell {
     reexec: Option<upgrade::Reexec>,
     listener_fd: std::os::fd::RawFd,
     upgrade_due: mpsc::Sender<()>,
+    fault: Option<upgrade::PanicFault>,
     /// The runtime's workers, where what the loop starts runs (the loop has a thread of its
     /// own: `on_own_thread`).
     workers: tokio::runtime::Handle,
@@ -120,6 +123,7 @@ impl Daemon {
             mut inventory,
             notifier,
             log,
+            fault,
         } = self;
         let clock = Clock::new();
         let (tx, rx) = inbox::channel();
@@ -229,6 +233,7 @@ impl Daemon {
             reexec,
             listener_fd,
             upgrade_due,
+            fault,
             workers: tokio::runtime::Handle::current(),
         };
         on_own_thread(async move {
@@ -382,6 +387,9 @@ impl Shell {
                 request,
                 reply,
             } => {
+                if let Some(f) = &self.fault {
+                    f.check(&request, &peer);
+                }
                 let report = match &request {
                     Request::Report(r) => Some(r.model.clone()),
                     _ => None,
@@ -511,15 +519,18 @@ impl Shell {
             reexec.exe.display(),
             self.node.ledger().replicas.len()
         );
-        let err = reexec.exec(&[
+        let mut env = vec![
             (upgrade::HANDOVER_ENV, path.display().to_string()),
             (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
-        ]);
+        ];
+        env.extend(self.fault.map(|f| f.env()));
+        let err = reexec.exec(&env);
         // Still here: the exec failed. Undo, and keep running the old binary.
         // SAFETY: as in `exec`: nothing else reads these meanwhile.
         unsafe {
             std::env::remove_var(upgrade::HANDOVER_ENV);
             std::env::remove_var(upgrade::LISTEN_FD_ENV);
+            std::env::remove_var(upgrade::FAULT_PANIC_ENV);
         }
         let _ = std::fs::remove_file(&path);
         let _ = nix::fcntl::fcntl(
