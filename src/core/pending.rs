@@ -157,7 +157,7 @@ impl Node {
                 set_reason(r, "no free port in daemon.ports");
                 continue;
             };
-            r.port = Some(port);
+            r.set_port(Some(port));
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
@@ -190,8 +190,7 @@ impl Node {
 /// Says why `r` waits, writing only a reason that changed (most passes find the same one: a
 /// copy per pending replica per event was most of what a pass cost).
 fn set_reason(r: &mut Replica, why: &str) {
-    if r.reason != why {
-        r.reason.clear();
-        r.reason.push_str(why);
+    if *r.reason != *why {
+        r.reason = why.into();
     }
 }

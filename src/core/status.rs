@@ -1,5 +1,7 @@
 //! The status view: what `hearth status` and the metrics show.
 
+use std::sync::Arc;
+
 use super::model::ModelState;
 use super::node::Node;
 use super::replica::ReplicaState;
@@ -102,46 +104,24 @@ impl Node {
             replicas: replicas
                 .iter()
                 .map(|r| ReplicaView {
-                    id: r.id.0.clone(),
+                    id: Arc::clone(&r.shown_id),
                     state: r.state,
                     pid: r.pid,
                     port: r.port,
-                    addr: r.port.map(addr),
+                    addr: r.shown_addr.clone(),
                     gpus: r.gpus.clone(),
                     since_ms: r.since.as_millis(),
                     restarts: r.restarts,
-                    version: r.version.clone(),
-                    reason: if !r.reason.is_empty() {
-                        r.reason.clone()
-                    } else if r.probe_failures > 0 {
-                        format!("probe failing: {}", r.last_probe_error)
+                    version: Arc::clone(&r.version),
+                    reason: if r.reason.is_empty() && r.probe_failures > 0 {
+                        Arc::from(format!("probe failing: {}", r.last_probe_error))
                     } else {
-                        String::new()
+                        Arc::clone(&r.reason)
                     },
                     rss_bytes: r.usage.rss_bytes,
                     cpu_seconds: r.usage.cpu_seconds,
                 })
                 .collect(),
-        }
-    }
-}
-
-/// `127.0.0.1:port`, as `Replica::addr` says it, in one allocation of the right size (a status
-/// writes one per replica, a thousand of them on the loop).
-fn addr(port: u16) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(15);
-    s.push_str("127.0.0.1:");
-    let _ = write!(s, "{port}");
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn addr_is_what_replica_addr_says() {
-        for port in [0, 1, 9, 10, 99, 100, 8080, 30000, 65535] {
-            assert_eq!(super::addr(port), format!("127.0.0.1:{port}"));
         }
     }
 }

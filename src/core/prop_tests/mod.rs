@@ -198,7 +198,9 @@ impl World {
             .node
             .replicas
             .values()
-            .filter(|r| r.state == ReplicaState::Stopping && r.reason == super::reconcile::SURPLUS)
+            .filter(|r| {
+                r.state == ReplicaState::Stopping && *r.reason == *super::reconcile::SURPLUS
+            })
             .filter(|r| !stopping_before.contains(&r.id))
             .count()
             + pending_before
