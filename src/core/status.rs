@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::model::ModelState;
 use super::node::Node;
-use super::replica::ReplicaState;
+use super::replica::{Replica, ReplicaState};
 use super::Time;
 use crate::config::WarmPool;
 use crate::protocol::{
@@ -54,9 +54,13 @@ impl Node {
             None => SignalView::default(),
         };
         // The model's replicas, once: in `n` order (its index holds them in id order, where
-        // "m-10" comes before "m-2"); `n` is unique within a model, so an unstable sort.
-        let mut replicas: Vec<_> = self.replicas.of_model(name).collect();
-        replicas.sort_unstable_by_key(|r| r.n);
+        // "m-10" comes before "m-2"); `n` is unique within a model, so an unstable sort. Sorted
+        // with their `n` beside them: a comparison that read it from the replica would miss the
+        // cache twice (a fifth of a status of a thousand replicas).
+        let mut by_n: Vec<(u64, &Replica)> =
+            self.replicas.of_model(name).map(|r| (r.n, r)).collect();
+        by_n.sort_unstable_by_key(|&(n, _)| n);
+        let replicas: Vec<&Replica> = by_n.into_iter().map(|(_, r)| r).collect();
         let draining = replicas
             .iter()
             .filter(|r| matches!(r.state, ReplicaState::Draining | ReplicaState::Stopping))
