@@ -52,6 +52,8 @@ impl Node {
             .replicas
             .unordered()
             .filter(|(_, r)| r.state == ReplicaState::Pending)
+            // Departing: stopped by the next events (`reconcile_model`), never started.
+            .filter(|(_, r)| !self.departing(r))
             .filter_map(|(h, r)| {
                 let ix = names
                     .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
