@@ -27,7 +27,7 @@ use proptest::prelude::*;
 
 mod apply;
 mod inputs;
-use inputs::{big_steps, configs, step, Step, BIG};
+use inputs::{big_steps, configs, step, Step, BIG, BIG_PORTS};
 
 use super::replica::Replica;
 use super::*;
@@ -574,7 +574,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
         reset: false,
         peer: 4,
     };
-    w.step(&scale(6 * batch as u32, 6 * batch as u32));
+    w.step(&scale(BIG_PORTS, BIG_PORTS));
     // Made and started a batch per event; none answered yet (a spawn takes its time).
     for _ in 0..8 {
         w.step(&Step::Advance(100));
@@ -585,7 +585,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
         .of_model("a")
         .filter(|r| r.state == ReplicaState::Starting)
         .count();
-    assert_eq!(a, 6 * batch, "replicas of a starting");
+    assert_eq!(a, BIG_PORTS as usize, "replicas of a starting");
     assert_eq!(w.most_idle_stops, 0);
     w.step(&scale(1, 1));
     assert_eq!(w.most_idle_stops, batch, "one event, one batch");
@@ -600,7 +600,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
 fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
     let mut w = World::new(BIG);
     w.send(Event::Tick);
-    let n = 6 * super::reconcile::STOPS_PER_EVENT;
+    let n = BIG_PORTS;
     w.step(&Step::Scale {
         model: 0,
         min: Some(n),
@@ -633,7 +633,7 @@ fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
     };
     assert_eq!(left(&w), n as usize - batch);
     // Ticks alone finish them, a batch each (nothing else happens meanwhile).
-    for i in 1..6 {
+    for i in 1..n as usize / batch {
         w.step(&Step::Advance(100));
         assert_eq!(
             left(&w),
