@@ -241,7 +241,7 @@ fn replica(id: &str, state: ReplicaState, pid: Option<u32>, gpus: &[&str]) -> Re
         since_ms: 0,
         restarts: 0,
         version: "1".into(),
-        reason: String::new(),
+        reason: "".into(),
         rss_bytes: None,
         cpu_seconds: None,
     }

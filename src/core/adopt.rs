@@ -231,7 +231,7 @@ impl Node {
         r.adopted = true;
         if let Some(why) = refusal {
             if self.ports.claim(rec.port) {
-                r.port = Some(rec.port);
+                r.set_port(Some(rec.port));
             }
             let grace = self
                 .models
@@ -239,7 +239,7 @@ impl Node {
                 .map_or(ORPHAN_STOP_GRACE, |m| m.config.stop_grace);
             r.state = ReplicaState::Stopping;
             r.deadline = Some(now + grace);
-            r.reason = format!("not adopted: {why}");
+            r.reason = format!("not adopted: {why}").into();
             self.replicas.insert(r);
             out.push(Action::Signal {
                 replica: id.clone(),
@@ -260,7 +260,7 @@ impl Node {
             return false;
         }
         self.ports.claim(rec.port);
-        r.port = Some(rec.port);
+        r.set_port(Some(rec.port));
         let devices: Vec<String> = rec
             .gpus
             .iter()
@@ -287,7 +287,8 @@ impl Node {
                 r.state = ReplicaState::Starting;
                 r.ever_warm = rec.ever_warm;
                 r.was_routed = rec.state == ReplicaState::Routed;
-                r.reason = format!("adopted (was {}): re-verifying with its warm-up", rec.state);
+                r.reason =
+                    format!("adopted (was {}): re-verifying with its warm-up", rec.state).into();
                 self.replicas.insert(r);
                 self.send_warmup(&id, out);
             }

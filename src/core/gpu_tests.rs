@@ -415,7 +415,7 @@ fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_
     let reason = |h: &Harness| {
         h.node.status(Some("m"), h.now).models[0].replicas[0]
             .reason
-            .clone()
+            .to_string()
     };
     let progress = |h: &mut Harness, done: u64, missing: &[&str]| {
         let out = h.send(Event::Prefetch {
@@ -537,8 +537,8 @@ fn one_replica_starts_on_a_device_at_a_time_and_pack_waits_for_it() {
     let reason = st.models[0]
         .replicas
         .iter()
-        .find(|r| r.id == waiting[0].0)
-        .map(|r| r.reason.clone())
+        .find(|r| *r.id == *waiting[0].0)
+        .map(|r| r.reason.to_string())
         .unwrap_or_default();
     assert!(reason.contains("start_alone"), "{reason}");
     // Pack: the second waits for GPU-a rather than starting on the empty GPU-b.

@@ -285,7 +285,7 @@ impl Node {
             return;
         };
         r.deadline = Some(deadline);
-        r.reason = why.to_string();
+        r.reason = why.into();
         self.log(
             LogLevel::Info,
             &model,
@@ -328,7 +328,7 @@ impl Node {
             return;
         };
         r.deadline = Some(deadline);
-        r.reason = why.to_string();
+        r.reason = why.into();
         r.failed = failed;
         if let Some(pid) = r.pid {
             out.push(Action::Signal {
@@ -365,7 +365,7 @@ impl Node {
         r.probe_failures = 0;
         r.deadline = None;
         if state != ReplicaState::Pending {
-            r.reason.clear();
+            r.reason = Default::default();
         }
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),

@@ -157,7 +157,7 @@ impl Node {
         let warm = self
             .replicas
             .of_model(model)
-            .filter(|r| r.promotable())
+            .filter(|r| r.promotable() && !self.departing(r))
             .count() as u32;
         let signal = self.model_signal(model, now);
         let Some(m) = self.models.get_mut(model) else {

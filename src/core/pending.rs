@@ -52,6 +52,8 @@ impl Node {
             .replicas
             .unordered()
             .filter(|(_, r)| r.state == ReplicaState::Pending)
+            // Departing: stopped by the next events (`reconcile_model`), never started.
+            .filter(|(_, r)| !self.departing(r))
             .filter_map(|(h, r)| {
                 let ix = names
                     .binary_search_by(|n| n.as_str().cmp(r.model.as_str()))
@@ -157,7 +159,7 @@ impl Node {
                 set_reason(r, "no free port in daemon.ports");
                 continue;
             };
-            r.port = Some(port);
+            r.set_port(Some(port));
             r.gpus = placed.devices.clone();
             r.gpu_bytes = placed.bytes;
             r.spawned_at = Some(now);
@@ -190,8 +192,7 @@ impl Node {
 /// Says why `r` waits, writing only a reason that changed (most passes find the same one: a
 /// copy per pending replica per event was most of what a pass cost).
 fn set_reason(r: &mut Replica, why: &str) {
-    if r.reason != why {
-        r.reason.clear();
-        r.reason.push_str(why);
+    if *r.reason != *why {
+        r.reason = why.into();
     }
 }

@@ -29,6 +29,6 @@ impl Node {
         if !missing.is_empty() {
             reason.push_str(&format!("; not found: {}", missing.join(", ")));
         }
-        r.reason = reason;
+        r.reason = reason.into();
     }
 }

@@ -93,7 +93,7 @@ impl Node {
                     });
                 } else {
                     r.last_probe_error = o.detail;
-                    r.reason = format!("warm-up: {}", r.last_probe_error);
+                    r.reason = format!("warm-up: {}", r.last_probe_error).into();
                     let after = if o.not_ready {
                         WARMUP_RETRY_LOADING
                     } else {

@@ -48,12 +48,12 @@ impl Node {
         };
         let gpus = std::mem::take(&mut r.gpus);
         let bytes = std::mem::take(&mut r.gpu_bytes);
-        r.port = None;
+        r.set_port(None);
         r.spawned_at = None;
         self.gpus.release(id, &gpus, bytes);
         self.set_state(id, ReplicaState::Pending, now, out);
         if let Some(r) = self.replicas.get_mut(id) {
-            r.reason = message;
+            r.reason = message.into();
         }
     }
 

@@ -41,6 +41,19 @@ pub const STOPS_PER_EVENT: u32 = 32;
 /// What one surplus stop says.
 pub(super) const SURPLUS: &str = "surplus: more than the model needs";
 
+/// What the stop of an idle departing replica says.
+pub(super) const DEPARTED: &str = "replaced: its GPU is being evacuated or its version rolled out";
+
+/// Idle departing replicas are stopped pending first, then starting, then warm; the newest first.
+fn stop_order(r: &Replica) -> (u8, std::cmp::Reverse<u64>) {
+    let state = match r.state {
+        ReplicaState::Pending => 0,
+        ReplicaState::Starting => 1,
+        _ => 2,
+    };
+    (state, std::cmp::Reverse(r.n))
+}
+
 impl Node {
     pub(super) fn reconcile(&mut self, now: Time, out: &mut Vec<Action>) {
         if self.shutdown.is_some() {
@@ -60,6 +73,9 @@ impl Node {
         for r in self.replicas.of_model(model) {
             match r.state {
                 ReplicaState::Routed if self.departing(r) => c.leaving += 1,
+                // Stopped within a few events (`reconcile_model`): no capacity, none coming.
+                ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
+                    if self.departing(r) => {}
                 ReplicaState::Routed => c.routed += 1,
                 ReplicaState::Warm => c.warm += 1,
                 ReplicaState::Starting => c.starting += 1,
@@ -126,22 +142,23 @@ impl Node {
         let recheck = m.config.launch.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
-        // that serve nothing go at once; routed ones wait for their replacement (below).
-        let idle_departing: Vec<ReplicaId> = self
-            .replicas
-            .of_model(name)
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
-                )
-            })
-            .filter(|r| self.departing(r))
-            .map(|r| r.id.clone())
-            .collect();
+        // that serve nothing go at once; routed ones wait for their replacement (below). At
+        // most a batch per event, from the stops the surplus below may make: a rollout over a
+        // thousand replicas stops them over about 30 events, as a scale down does. The rest
+        // follow with the next events (every event, the tick included, reconciles every
+        // model); meanwhile they are counted as nothing (`counts`), promoted never, and the
+        // pending ones are not started (`place_pending`). Pending ones first: stopping one
+        // costs nothing.
+        let mut budget = STOPS_PER_EVENT;
+        let idle_departing = self.ranked_first(
+            name,
+            |r| self.idle_departing(r),
+            stop_order,
+            budget as usize,
+        );
         for id in idle_departing {
-            let why = "replaced: its GPU is being evacuated or its version rolled out";
-            self.stop(&id, why, false, now, out);
+            self.stop(&id, DEPARTED, false, now, out);
+            budget -= 1;
         }
 
         // Promote warm replicas first: milliseconds, not a cold start. Adopted replicas that
@@ -157,7 +174,11 @@ impl Node {
         // promoting one changes no other's rank (a walk over every replica per promotion made
         // a scale to a thousand cost O(n²)).
         let mut promotable = if c.routed + verifying < desired {
-            self.ranked(name, |r| r.promotable(), |r| (!r.was_routed, r.n))
+            self.ranked(
+                name,
+                |r| r.promotable() && !self.departing(r),
+                |r| (!r.was_routed, r.n),
+            )
         } else {
             Vec::new()
         }
@@ -292,8 +313,8 @@ impl Node {
                         .fresh(now, stale_after)
                         .is_some_and(|s| s.in_flight > 0 || s.queue_depth > 0)
             };
-            // Pending ones first (stopping one costs nothing), at most a batch per event.
-            let mut budget = STOPS_PER_EVENT;
+            // Pending ones first (stopping one costs nothing), at most a batch per event (less
+            // the departing ones stopped above).
             let mut pending_left = c.pending;
             for state in [
                 ReplicaState::Pending,
@@ -306,10 +327,12 @@ impl Node {
                 // Adopted replicas re-verifying their warm-up are not surplus: they are the
                 // capacity being taken back. The newest first; ranked once, as above, and only
                 // as many as this event may stop.
+                // Departing ones are not either: they are stopped above, as such.
                 let surplus_of = |r: &Replica| {
                     r.state == state
-                        && !finishing(r)
-                        && !(r.adopted && r.state == ReplicaState::Starting)
+                        && !(finishing(r)
+                            || self.departing(r)
+                            || (r.adopted && r.state == ReplicaState::Starting))
                 };
                 let take = surplus.min(budget) as usize;
                 let newest = self.ranked_first(name, surplus_of, |r| std::cmp::Reverse(r.n), take);
@@ -330,6 +353,14 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Departing and serving nothing: stopped (a batch per event) rather than drained.
+    pub(super) fn idle_departing(&self, r: &Replica) -> bool {
+        matches!(
+            r.state,
+            ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
+        ) && self.departing(r)
     }
 
     /// On its way out: on a device being left, or made from a configuration being rolled away

@@ -31,11 +31,14 @@ impl fmt::Display for ReplicaId {
 #[derive(Debug, Clone)]
 pub struct Replica {
     pub id: ReplicaId,
+    /// `id`, shared with the status views (which would otherwise copy every replica's id on
+    /// the daemon's loop). The table keeps it equal to `id` (`Replicas::insert`).
+    pub shown_id: Arc<str>,
     /// The N of `MODEL-N`: creation order within the model.
     pub n: u64,
     pub model: String,
-    /// `spec.version`, for views.
-    pub version: String,
+    /// `spec.version`, for views (shared with them).
+    pub version: Arc<str>,
     /// What it was made from: it belongs to a configuration whose launch spec is `==` to this.
     pub spec: Arc<LaunchSpec>,
     /// It passed its warm-up once.
@@ -53,15 +56,18 @@ pub struct Replica {
     /// When the process was asked for (Starting); time-to-ready is measured from here.
     pub spawned_at: Option<Time>,
     pub pid: Option<u32>,
+    /// Written through `set_port`, which keeps `shown_addr` with it.
     pub port: Option<u16>,
+    /// `127.0.0.1:port` while it has a port, shared with the status views.
+    pub shown_addr: Option<Arc<str>>,
     /// UUIDs of the devices it holds.
     pub gpus: Vec<String>,
     /// Bytes reserved on each of `gpus`.
     pub gpu_bytes: u64,
     /// Failed predecessors in this replica's line.
     pub restarts: u32,
-    /// Why it waits / why it is leaving, for status.
-    pub reason: String,
+    /// Why it waits / why it is leaving, for status (shared with the views).
+    pub reason: Arc<str>,
     /// A probe attempt is out; don't send another.
     pub probe_in_flight: bool,
     /// The next liveness probe (routed) or recheck (warm) is due at.
@@ -105,9 +111,10 @@ impl Replica {
     pub fn new(model: &str, n: u64, spec: Arc<LaunchSpec>, now: Time, restarts: u32) -> Self {
         Replica {
             id: ReplicaId::new(model, n),
+            shown_id: Arc::from(format!("{model}-{n}")),
             n,
             model: model.to_string(),
-            version: spec.version.clone(),
+            version: Arc::from(spec.version.as_str()),
             spec,
             ever_warm: false,
             adopted: false,
@@ -119,10 +126,11 @@ impl Replica {
             spawned_at: None,
             pid: None,
             port: None,
+            shown_addr: None,
             gpus: Vec::new(),
             gpu_bytes: 0,
             restarts,
-            reason: String::new(),
+            reason: Arc::default(),
             probe_in_flight: false,
             next_probe: now,
             probe_failures: 0,
@@ -146,11 +154,38 @@ impl Replica {
     }
 
     pub fn addr(&self) -> Option<String> {
-        self.port.map(|p| format!("127.0.0.1:{p}"))
+        self.shown_addr.as_deref().map(str::to_string)
+    }
+
+    /// Gives it `port` (or takes its port away), with the address views show.
+    pub fn set_port(&mut self, port: Option<u16>) {
+        if self.port != port || self.shown_addr.is_none() != port.is_none() {
+            self.shown_addr = port.map(|p| Arc::from(addr(p)));
+        }
+        self.port = port;
     }
 
     /// Warm and not under suspicion: safe to hand traffic to.
     pub fn promotable(&self) -> bool {
         self.state == ReplicaState::Warm && self.probe_failures == 0
+    }
+}
+
+/// `127.0.0.1:port`, in one allocation of the right size.
+pub(super) fn addr(port: u16) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(15);
+    s.push_str("127.0.0.1:");
+    let _ = write!(s, "{port}");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn addr_is_what_replica_addr_says() {
+        for port in [0, 1, 9, 10, 99, 100, 8080, 30000, 65535] {
+            assert_eq!(super::addr(port), format!("127.0.0.1:{port}"));
+        }
     }
 }

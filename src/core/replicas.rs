@@ -100,7 +100,11 @@ impl Replicas {
     }
 
     /// Adds `r` under its id and its model, in place of any replica with that id.
-    pub fn insert(&mut self, r: Replica) {
+    pub fn insert(&mut self, mut r: Replica) {
+        // The id views show is the id (one made for a replica whose id was set after it).
+        if *r.shown_id != *r.id.0 {
+            r.shown_id = r.id.0.as_str().into();
+        }
         let id = r.id.clone();
         self.remove(&id);
         let model = r.model.clone();
@@ -236,6 +240,15 @@ impl Replicas {
             };
             if r.id != *id {
                 return Err(format!("{id}: slot {slot} holds {}", r.id));
+            }
+            if *r.shown_id != *id.0 {
+                return Err(format!("{id}: shown as {}", r.shown_id));
+            }
+            if r.shown_addr.as_deref() != r.port.map(super::replica::addr).as_deref() {
+                return Err(format!(
+                    "{id}: port {:?} shown as {:?}",
+                    r.port, r.shown_addr
+                ));
             }
             if !self
                 .by_model

@@ -344,7 +344,8 @@ impl Node {
                 } else if let Some(r) = self.replicas.get_mut(&rid) {
                     r.drain_asked = true;
                     r.reason =
-                        format!("drain asked: drains once a replacement is routed (min {min})");
+                        format!("drain asked: drains once a replacement is routed (min {min})")
+                            .into();
                     self.log(
                         LogLevel::Info,
                         &model,

@@ -3,6 +3,7 @@
 //! read them; nobody parses a state out of a string.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -173,18 +174,21 @@ pub struct ScaleView {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaView {
-    pub id: String,
+    // The strings a replica keeps for its life (id, address, version, reason) are shared with
+    // the core's replica, not copied: a status of a thousand replicas on the daemon's loop
+    // would otherwise allocate four thousand strings. On the wire they are plain strings.
+    pub id: Arc<str>,
     pub state: ReplicaState,
     pub pid: Option<u32>,
     pub port: Option<u16>,
-    pub addr: Option<String>,
+    pub addr: Option<Arc<str>>,
     pub gpus: Vec<String>,
     pub since_ms: u64,
     pub restarts: u32,
-    pub version: String,
+    pub version: Arc<str>,
     /// What the replica is waiting for or why it is leaving; empty when nothing to say.
     #[serde(default)]
-    pub reason: String,
+    pub reason: Arc<str>,
     /// Resident memory of the replica's processes, in bytes (its cgroup's `memory.current`
     /// where the memory controller is on, else the sum over its processes); null when unknown.
     #[serde(default)]

@@ -75,8 +75,33 @@ pub(super) fn configs() -> Vec<String> {
         )
         .replace("drain_timeout = \"30s\"", "drain_timeout = \"5124095576030431h\"")
         .replace("stop_grace = \"5s\"", "stop_grace = \"5124095576030431h\""),
+        // Many more replicas than one event may stop: the range for hundreds, `max` shrunk
+        // under them by a reload, a new version rolled out over them (`BIG`, `BIG + 1`,
+        // `BIG + 2`); ports for model `b` besides.
+        format!(
+            "{}{}{b}",
+            head(&format!("30000-{}", 30000 + BIG_PORTS + 7)),
+            a(&format!("min = 1\nmax = {BIG_PORTS}\nwarm_pool = 2"), "1")
+        ),
+        format!(
+            "{}{}{b}",
+            head(&format!("30000-{}", 30000 + BIG_PORTS + 7)),
+            a("min = 1\nmax = 3\nwarm_pool = 1", "1")
+        ),
+        format!(
+            "{}{}{b}",
+            head(&format!("30000-{}", 30000 + BIG_PORTS + 7)),
+            a(&format!("min = 1\nmax = {BIG_PORTS}\nwarm_pool = 2"), "2")
+        ),
     ]
 }
+
+/// The configurations of the many-replica family: the range and `max` of `BIG_PORTS`, the
+/// same with `max` 3, and with a new version.
+pub(super) const BIG: usize = 7;
+/// Several times the stops one event may make (six times `STOPS_PER_EVENT`, 32); a number of
+/// its own, so that the family still runs with the bound lifted (and then fails).
+pub(super) const BIG_PORTS: u32 = 192;
 
 /// Numbers as a hostile client picks them: the edges, the bounds, anything.
 fn hostile_u64() -> impl Strategy<Value = u64> {
@@ -197,5 +222,37 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         1 => any::<u8>().prop_map(Step::ConfigRead),
         2 => (0u8..4, any::<u8>()).prop_map(|(op, m)| Step::Read(op, m)),
         1 => prop::bool::weighted(0.3).prop_map(Step::Shutdown),
+    ]
+}
+
+/// The many-replica family's steps: the hostile ones, and runs of what makes hundreds of replicas
+/// surplus at once: a scale of model `a` up to the whole range (its replicas are made a batch
+/// per event, so ticks follow), then back down, or `max` shrunk by a reload.
+pub(super) fn big_steps() -> impl Strategy<Value = Vec<Step>> {
+    // Model `a` (the first name), by an admin (peer 4: neither a replica's process nor in one).
+    let scale = |min: u32, max: u32| Step::Scale {
+        model: 0,
+        min: Some(min),
+        max: Some(max),
+        warm: None,
+        reset: false,
+        peer: 4,
+    };
+    prop_oneof![
+        4 => step().prop_map(|s| vec![s]),
+        2 => (prop_oneof![Just(u32::MAX), 64u32..=BIG_PORTS], 1usize..12, any::<u8>())
+            .prop_map(move |(n, ticks, spawned)| {
+                let mut v = vec![scale(n, n)];
+                for i in 0..ticks {
+                    v.push(Step::Advance(100));
+                    v.push(Step::Spawned(spawned.wrapping_add(i as u8)));
+                }
+                v
+            }),
+        2 => (0u32..3, 0u32..4).prop_map(move |(min, max)| vec![scale(min, max.max(min))]),
+        1 => (any::<bool>(), 0u8..3).prop_map(|(signal, c)| vec![
+            Step::ReloadAsk(signal),
+            Step::ConfigRead(BIG as u8 + c),
+        ]),
     ]
 }

@@ -90,7 +90,7 @@ fn a_version_change_warms_new_replicas_before_old_ones_drain() {
         .node
         .replicas
         .values()
-        .map(|r| r.version.clone())
+        .map(|r| r.version.to_string())
         .collect();
     assert_eq!(versions, vec!["2"; 3], "2 routed + 1 warm, all new");
     assert!(h.node.replicas.keys().all(|id| !old.contains(id)));
@@ -137,7 +137,7 @@ fn after_a_halted_rollout_the_version_serving_can_be_configured_back() {
         // What is left of version 2 (a replica stopping after its failed warm-up) goes.
         assert_eq!(
             h.node.departing(r),
-            r.version == "2",
+            &*r.version == "2",
             "{} {:?}",
             r.id,
             r.state
@@ -175,7 +175,7 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
         _ => None,
     });
     let replacement = spec.expect("replaced");
-    assert_eq!(h.node.replicas[&replacement].version, "1");
+    assert_eq!(&*h.node.replicas[&replacement].version, "1");
     // A new configuration resumes.
     let out = reload(&mut h, &cfg("3", "min = 2\nmax = 4\nwarm_pool = 0"));
     assert!(h.node.models["m"]
@@ -190,7 +190,7 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
         .replicas
         .values()
         .filter(|r| r.state == ReplicaState::Pending)
-        .map(|r| r.version.as_str())
+        .map(|r| &*r.version)
         .collect();
     assert_eq!(
         new,
