@@ -129,6 +129,12 @@ impl Autoscaler {
         }
         let ahead = rate + (newer - older) / h * inp.scaling.down_step.as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
-        Some(replicas_needed(ahead, self.capacity()?, target, WAIT_TAIL, inp.max))
+        Some(replicas_needed(
+            ahead,
+            self.capacity()?,
+            target,
+            WAIT_TAIL,
+            inp.max,
+        ))
     }
 }
