@@ -211,12 +211,6 @@ impl Autoscaler {
             return None;
         }
 
-        // A queue while a replica's worth of slots stands free is committed to replicas that
-        // cannot take more (a backlog queued before the others were ready): no replica added
-        // can shorten it, and the arrivals are served by the free slots. It is not a shortfall,
-        // and holding every replica while it drains would keep the idle ones for nothing.
-        let stranded = self.stranded(inp, &sig);
-        let wait = if stranded.is_some() { 0.0 } else { wait };
         if wait > target_ms {
             self.over_since.get_or_insert(now);
             // In trouble: what serves now is the least the window should remember.
@@ -232,25 +226,7 @@ impl Autoscaler {
             self.demand.recommend(d.to);
             return Some(d);
         }
-        let mut d = self.scale_down(inp, wait, target_ms, desired)?;
-        if let Some(free) = stranded {
-            d.reason.push_str(&format!(
-                "; the {} queued wait on busy replicas while {free} slots stand free",
-                sig.queue_depth
-            ));
-        }
-        Some(d)
-    }
-
-    /// The free slots of the routed replicas, when a queue stands beside at least one
-    /// replica's worth of them.
-    fn stranded(&self, inp: &Inputs, sig: &ModelSignal) -> Option<u64> {
-        let slots = u64::from(self.slots?);
-        let running = sig.in_flight.saturating_sub(sig.queue_depth);
-        let free = u64::from(inp.routed)
-            .saturating_mul(slots)
-            .saturating_sub(running);
-        (sig.queue_depth > 0 && free >= slots).then_some(free)
+        self.scale_down(inp, wait, target_ms, desired)
     }
 
     /// Once a second: the envelope of recent peaks and the pool the recent rises ask for.
