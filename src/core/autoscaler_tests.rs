@@ -126,75 +126,6 @@ fn a_step_is_sized_for_its_level_and_for_the_backlog_it_builds_during_a_cold_sta
     assert_eq!(feed(&mut b, &scaling, 120, (4.2, Some(5.0)), before), None);
 }
 
-/// One second's signal with a queue: `queue` waiting (the oldest for `wait_ms`) beside
-/// `running` requests, 4/s arriving.
-fn queued(second: u64, wait_ms: f64, queue: u64, running: u64) -> signal::ModelSignal {
-    signal::ModelSignal {
-        at: Time::from_millis(second * 1000),
-        oldest_wait_ms: wait_ms,
-        queue_depth: queue,
-        in_flight: queue + running,
-        arrival_rate: Some(4.0),
-        arrival_rate_recent: Some(4.0),
-        sources: 10,
-    }
-}
-
-fn judge(
-    a: &mut policy::Autoscaler,
-    scaling: &crate::config::ScalingConfig,
-    sig: signal::ModelSignal,
-    routed: u32,
-) -> Option<policy::Decision> {
-    a.evaluate(&policy::Inputs {
-        now: sig.at,
-        scaling,
-        min: 1,
-        max: 40,
-        signal: Some(sig),
-        routed,
-        desired: routed,
-        warm: 0,
-    })
-}
-
-#[test]
-fn a_queue_beside_free_slots_is_committed_to_busy_replicas_not_a_shortfall() {
-    let scaling = scaling("min = 1\nmax = 40\nmax_up_step = 40");
-    // Ten routed replicas of 8 slots. 300 wait, the oldest for a minute: a backlog committed to
-    // the replica that served alone before the others were ready.
-    // Every slot busy (80 running): a shortfall, and it scales up.
-    let mut full = measured();
-    let d = judge(&mut full, &scaling, queued(0, 60_000.0, 300, 80), 10)
-        .expect("a queue with every slot busy is a shortfall");
-    assert!(d.to > 10, "{d:?}");
-    // Only 20 running: 60 slots stand free, so the 4/s arriving start at once, and no replica
-    // added could take a request already queued. Nothing is ordered ...
-    let mut a = measured();
-    let mut desired = 10;
-    let mut downs = Vec::new();
-    for s in 0..700 {
-        if let Some(d) = judge(
-            &mut a,
-            &scaling,
-            queued(s, 60_000.0 + s as f64 * 1000.0, 300, 20),
-            desired,
-        ) {
-            assert!(d.to < desired, "second {s}: {d:?}");
-            desired = d.to;
-            downs.push(d.reason);
-        }
-    }
-    // ... and the replicas that 4/s does not need go, one per `down_step`, once the
-    // stabilization window has passed.
-    assert!(downs.len() >= 2, "{downs:?}");
-    assert!(
-        downs[0].contains("300 queued wait on busy replicas while"),
-        "{}",
-        downs[0]
-    );
-}
-
 #[test]
 fn a_step_down_waits_while_demand_climbs_back_to_the_replicas_it_would_stop() {
     let scaling = scaling("min = 1\nmax = 40");
@@ -213,7 +144,10 @@ fn a_step_down_waits_while_demand_climbs_back_to_the_replicas_it_would_stop() {
     };
     // Level at 10/s for the window: the highest need is below what runs, and it steps down.
     let level = run(&|_| end);
-    assert!(level.as_ref().is_some_and(|d| d.to == desired - 1), "{level:?}");
+    assert!(
+        level.as_ref().is_some_and(|d| d.to == desired - 1),
+        "{level:?}"
+    );
     // Climbing to the same 10/s: the same highest need, but it holds.
     let climb = run(&|s| (end - slope * (300 - s) as f64).max(0.5));
     assert_eq!(climb, None);
