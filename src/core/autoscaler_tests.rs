@@ -19,8 +19,13 @@ fn scaling(keys: &str) -> crate::config::ScalingConfig {
 /// while queued; 100 completions over 160 busy slot-seconds, 1.6 s each, so a replica serves
 /// 8 / 1.6 = 5/s.
 fn measured() -> policy::Autoscaler {
+    measured_after(Duration::from_secs(60))
+}
+
+/// `measured`, with cold starts that take `cold`.
+fn measured_after(cold: Duration) -> policy::Autoscaler {
     let mut a = policy::Autoscaler::default();
-    a.observe_time_to_ready(Duration::from_secs(60));
+    a.observe_time_to_ready(cold);
     a.observe_replica(1, 9);
     a.observe_served(Time::ZERO, 100.0, 160.0);
     a
@@ -119,4 +124,31 @@ fn a_step_is_sized_for_its_level_and_for_the_backlog_it_builds_during_a_cold_sta
     let mut b = measured();
     let before = steady(&mut b);
     assert_eq!(feed(&mut b, &scaling, 120, (4.2, Some(5.0)), before), None);
+}
+
+#[test]
+fn a_step_down_waits_while_demand_climbs_back_to_the_replicas_it_would_stop() {
+    let scaling = scaling("min = 1\nmax = 40");
+    let cap = measured().capacity().unwrap();
+    let need = |rate: f64| capacity::replicas_needed(rate, cap, 0.5, capacity::WAIT_TAIL, 40);
+    // Cold starts take 10 s: the envelope's forecast looks only that far ahead. Arrivals
+    // climb by 0.04/s every second to 10/s at the 300th second, and on. Two minutes on (one
+    // `down_step`, the least a stopped replica stays away), the climb asks for more than
+    // 10/s does.
+    let (end, slope) = (10.0, 0.04);
+    let desired = need(end + slope * 120.0);
+    assert!(need(end) < desired, "the test needs a climb that matters");
+    let run = |rate_at: &dyn Fn(u64) -> f64| {
+        let mut a = measured_after(Duration::from_secs(10));
+        (0..=300u64).find_map(|s| feed(&mut a, &scaling, s, (rate_at(s), None), desired))
+    };
+    // Level at 10/s for the window: the highest need is below what runs, and it steps down.
+    let level = run(&|_| end);
+    assert!(
+        level.as_ref().is_some_and(|d| d.to == desired - 1),
+        "{level:?}"
+    );
+    // Climbing to the same 10/s: the same highest need, but it holds.
+    let climb = run(&|s| (end - slope * (300 - s) as f64).max(0.5));
+    assert_eq!(climb, None);
 }

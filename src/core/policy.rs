@@ -411,9 +411,13 @@ impl Autoscaler {
         // The envelope is read off the same arrivals: the same rule.
         let by_envelope = self.envelope.filter(|_| !clump).map(|(_, need)| need);
         // Before the service time is known: every request in flight a slot, as Cortex sizes.
-        // Like the wait, the count in flight grows for want of capacity already ordered: it is
-        // read only when all of it serves.
-        let by_in_flight = (self.capacity().is_none() && on_the_way == 0).then(|| {
+        // Like the wait, the count in flight grows for want of capacity already ordered, but
+        // it is the only measure of demand there is yet: read once a shortfall has outlasted
+        // an eighth of a cold start (the prior's, before one was seen), as the rate is. Blind
+        // for a whole cold start, a model that starts under load builds a backlog it drains
+        // for many minutes.
+        let early = on_the_way > 0 && lasted < self.ttr().as_secs_f64() / 8.0;
+        let by_in_flight = (self.capacity().is_none() && !early).then(|| {
             let slots = self.slots.unwrap_or(self.max_running).max(1);
             sig.in_flight
                 .div_ceil(u64::from(slots))

@@ -14,6 +14,22 @@ fn scaled(scaling: &str) -> Harness {
     h
 }
 
+/// Like `scaled`, but the first replicas take `cold` to warm: the policy has seen a cold start
+/// and knows how long one takes.
+fn scaled_after_cold_start(scaling: &str, cold: Duration) -> Harness {
+    let toml = format!("{BASE}{}", model("m", "", scaling));
+    let mut h = Harness::new(&toml);
+    let first = h.log.clone();
+    let ids = h.spawn_all(&first);
+    h.now = h.now + cold;
+    let mut out = Vec::new();
+    for id in ids {
+        out.extend(h.warm(&id));
+    }
+    h.settle(out);
+    h
+}
+
 const DEFAULT: &str = "min = 2\nmax = 10\nwarm_pool = 1\ntarget_wait = \"500ms\"\ndown_stabilization = \"5m\"\ndown_step = \"1m\"\nmax_up_step = 4";
 
 fn desired(h: &Harness) -> u32 {
@@ -112,13 +128,17 @@ fn the_report_over_target_promotes_the_warm_replica_in_the_same_event_and_starts
 
 #[test]
 fn a_burst_is_capped_per_step_and_steps_follow_once_the_ordered_capacity_serves() {
-    let mut h = scaled(&DEFAULT.replace("max = 10", "max = 20"));
+    let mut h = scaled_after_cold_start(
+        &DEFAULT.replace("max = 10", "max = 20"),
+        Duration::from_secs(40),
+    );
     let out = every_routed(&mut h, 20_000.0, 200, 216);
     assert_eq!(scale_events(&out), vec![(2, 6)], "+4 at most per step");
     // Within the settle time no second step, however high the wait.
     h.now = h.now + Duration::from_secs(1);
     assert!(scale_events(&every_routed(&mut h, 21_000.0, 220, 236)).is_empty());
-    // Cold replicas are on their way: the wait grows for want of exactly them; no new order.
+    // Cold replicas are on their way (a cold start takes 40 s here), and the shortfall is only
+    // 2.5 s old: the wait and the count in flight grow for want of exactly them; no new order.
     h.now = h.now + Duration::from_millis(1500);
     let later = every_routed(&mut h, 22_000.0, 240, 256);
     assert!(scale_events(&later).is_empty(), "{}", last_reason(&h));
@@ -128,6 +148,31 @@ fn a_burst_is_capped_per_step_and_steps_follow_once_the_ordered_capacity_serves(
     h.now = h.now + Duration::from_millis(500);
     let out = every_routed(&mut h, 23_000.0, 240, 256);
     assert_eq!(scale_events(&out), vec![(6, 10)]);
+}
+
+#[test]
+fn before_the_service_time_is_known_a_lasting_shortfall_orders_by_the_count_in_flight_while_cold_replicas_start(
+) {
+    let mut h = scaled_after_cold_start(
+        &DEFAULT.replace("max = 10", "max = 20"),
+        Duration::from_secs(40),
+    );
+    let out = every_routed(&mut h, 20_000.0, 200, 216);
+    assert_eq!(scale_events(&out), vec![(2, 6)]);
+    // No counters: the service time is unknown, and the count in flight is the only measure
+    // of demand. Once the shortfall has outlasted an eighth of the 40-s cold start, the
+    // hundreds in flight on 16 slots each order more, though the first order is still starting
+    // (blind until it serves, a model that starts under load queues for a whole cold start).
+    h.now = h.now + Duration::from_secs(5);
+    let later = every_routed(&mut h, 25_000.0, 240, 256);
+    assert_eq!(scale_events(&later), vec![(6, 10)], "{}", last_reason(&h));
+    assert!(
+        last_reason(&h).contains("in flight need"),
+        "{}",
+        last_reason(&h)
+    );
+    bring_up(&mut h, out);
+    bring_up(&mut h, later);
 }
 
 #[test]

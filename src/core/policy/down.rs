@@ -1,7 +1,14 @@
 //! The way down: one replica per `down_step`, along the envelope, once the stabilization
 //! window is calm. Scaling down early costs a cold start when the load comes back.
 
+use std::time::Duration;
+
 use super::{Autoscaler, Decision, Inputs};
+use crate::core::capacity::{replicas_needed, WAIT_TAIL};
+
+/// Standard deviations of Poisson noise by which the newer half of the stabilization window's
+/// arrival rate must exceed the older half before the load counts as rising.
+const TREND_Z: f64 = 2.0;
 
 impl Autoscaler {
     /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
@@ -67,6 +74,14 @@ impl Autoscaler {
                 if highest >= desired {
                     return None;
                 }
+                // The window looks back; a rise that carries on looks forward. A replica stopped
+                // while demand climbs back to it is a cold start soon after, and the wait pays
+                // for it while that runs.
+                if let Some(need) = self.rising_need(inp, rate, window) {
+                    if need >= desired {
+                        return None;
+                    }
+                }
                 format!(
                     "the highest need of the last {} is {highest} (arrivals now peak at {rate:.1}/s \
                      within {})",
@@ -97,5 +112,29 @@ impl Autoscaler {
             to: desired - 1,
             reason: format!("calm: oldest wait {wait:.0} ms < {calm_ms:.0} ms; {why}"),
         })
+    }
+
+    /// Where the load rises through the stabilization window (its newer half's mean arrival
+    /// rate above its older half's by more than `TREND_Z` deviations of Poisson noise), the
+    /// replicas the envelope's `rate` needs once the rise has gone on until the next step down
+    /// could follow this one.
+    fn rising_need(&self, inp: &Inputs, rate: f64, window: Duration) -> Option<u32> {
+        let half = window / 2;
+        let newer = self.demand.mean_rate(Duration::ZERO, half)?;
+        let older = self.demand.mean_rate(half, half)?;
+        let h = half.as_secs_f64().max(1.0);
+        let noise = ((newer + older) / h).sqrt();
+        if newer - older <= TREND_Z * noise {
+            return None;
+        }
+        let ahead = rate + (newer - older) / h * inp.scaling.down_step.as_secs_f64();
+        let target = inp.scaling.target_wait.as_secs_f64();
+        Some(replicas_needed(
+            ahead,
+            self.capacity()?,
+            target,
+            WAIT_TAIL,
+            inp.max,
+        ))
     }
 }
