@@ -196,6 +196,21 @@ pub(super) enum Step {
     Shutdown(bool),
 }
 
+impl Step {
+    /// `scale` of model `a` (the first name) to `min`..`max`, by an admin (peer 4: neither a
+    /// replica's process nor in one).
+    pub(super) fn admin_scale(min: u32, max: u32) -> Step {
+        Step::Scale {
+            model: 0,
+            min: Some(min),
+            max: Some(max),
+            warm: None,
+            reset: false,
+            peer: 4,
+        }
+    }
+}
+
 pub(super) fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => prop_oneof![4 => 0u64..3000, 1 => 3000u64..120_000, 1 => Just(3_600_000u64)]
@@ -229,27 +244,18 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
 /// surplus at once: a scale of model `a` up to the whole range (its replicas are made a batch
 /// per event, so ticks follow), then back down, or `max` shrunk by a reload.
 pub(super) fn big_steps() -> impl Strategy<Value = Vec<Step>> {
-    // Model `a` (the first name), by an admin (peer 4: neither a replica's process nor in one).
-    let scale = |min: u32, max: u32| Step::Scale {
-        model: 0,
-        min: Some(min),
-        max: Some(max),
-        warm: None,
-        reset: false,
-        peer: 4,
-    };
     prop_oneof![
         4 => step().prop_map(|s| vec![s]),
         2 => (prop_oneof![Just(u32::MAX), 64u32..=BIG_PORTS], 1usize..12, any::<u8>())
             .prop_map(move |(n, ticks, spawned)| {
-                let mut v = vec![scale(n, n)];
+                let mut v = vec![Step::admin_scale(n, n)];
                 for i in 0..ticks {
                     v.push(Step::Advance(100));
                     v.push(Step::Spawned(spawned.wrapping_add(i as u8)));
                 }
                 v
             }),
-        2 => (0u32..3, 0u32..4).prop_map(move |(min, max)| vec![scale(min, max.max(min))]),
+        2 => (0u32..3, 0u32..4).prop_map(move |(min, max)| vec![Step::admin_scale(min, max.max(min))]),
         1 => (any::<bool>(), 0u8..3).prop_map(|(signal, c)| vec![
             Step::ReloadAsk(signal),
             Step::ConfigRead(BIG as u8 + c),

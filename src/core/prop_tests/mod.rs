@@ -500,6 +500,22 @@ fn cases() -> u32 {
         .unwrap_or(2000)
 }
 
+/// `steps` from a fresh world of configuration `config`, then the world settles: reloads still
+/// out come back (an error), and 15 minutes pass with replicas behaving. Every event on the way
+/// is checked (`World::send`); at rest, routed ≥ `min` wherever capacity allows.
+fn run_to_rest(config: usize, steps: &[Step]) {
+    let mut w = World::new(config);
+    w.send(Event::Tick);
+    for s in steps {
+        w.step(s);
+    }
+    if w.node.reloads_pending() {
+        w.send(Event::ConfigRead(Err("prop.toml: -: gone".into())));
+    }
+    w.behave(Duration::from_secs(15 * 60));
+    w.check_min_routed();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
@@ -513,17 +529,7 @@ proptest! {
         config in 0usize..7,
         steps in prop::collection::vec(step(), 1..80),
     ) {
-        let mut w = World::new(config);
-        w.send(Event::Tick);
-        for s in &steps {
-            w.step(s);
-        }
-        // Reloads still out come back (an error), so the world can settle.
-        if w.node.reloads_pending() {
-            w.send(Event::ConfigRead(Err("prop.toml: -: gone".into())));
-        }
-        w.behave(Duration::from_secs(15 * 60));
-        w.check_min_routed();
+        run_to_rest(config, &steps);
     }
 }
 
@@ -545,16 +551,7 @@ proptest! {
         config in BIG..BIG + 2,
         steps in prop::collection::vec(big_steps(), 1..16).prop_map(|v| v.concat()),
     ) {
-        let mut w = World::new(config);
-        w.send(Event::Tick);
-        for s in &steps {
-            w.step(s);
-        }
-        if w.node.reloads_pending() {
-            w.send(Event::ConfigRead(Err("prop.toml: -: gone".into())));
-        }
-        w.behave(Duration::from_secs(15 * 60));
-        w.check_min_routed();
+        run_to_rest(config, &steps);
     }
 }
 
@@ -566,15 +563,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
     let mut w = World::new(BIG);
     w.send(Event::Tick);
     let batch = super::reconcile::STOPS_PER_EVENT as usize;
-    let scale = |min, max| Step::Scale {
-        model: 0,
-        min: Some(min),
-        max: Some(max),
-        warm: None,
-        reset: false,
-        peer: 4,
-    };
-    w.step(&scale(BIG_PORTS, BIG_PORTS));
+    w.step(&Step::admin_scale(BIG_PORTS, BIG_PORTS));
     // Made and started a batch per event; none answered yet (a spawn takes its time).
     for _ in 0..8 {
         w.step(&Step::Advance(100));
@@ -587,7 +576,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
         .count();
     assert_eq!(a, BIG_PORTS as usize, "replicas of a starting");
     assert_eq!(w.most_idle_stops, 0);
-    w.step(&scale(1, 1));
+    w.step(&Step::admin_scale(1, 1));
     assert_eq!(w.most_idle_stops, batch, "one event, one batch");
     w.behave(Duration::from_secs(15 * 60));
     w.check_min_routed();
@@ -601,14 +590,7 @@ fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
     let mut w = World::new(BIG);
     w.send(Event::Tick);
     let n = BIG_PORTS;
-    w.step(&Step::Scale {
-        model: 0,
-        min: Some(n),
-        max: Some(n),
-        warm: None,
-        reset: false,
-        peer: 4,
-    });
+    w.step(&Step::admin_scale(n, n));
     for _ in 0..8 {
         w.step(&Step::Advance(100));
     }
