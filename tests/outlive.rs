@@ -9,8 +9,6 @@
 //!
 //! They need root and a writable cgroup v2 (CI has both); elsewhere they say so and return.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use testkit::procs::{alive, is_root};
@@ -66,69 +64,17 @@ fn spawned_lines(d: &Daemon) -> usize {
     d.log().matches("spawned: ").count()
 }
 
-/// Completions sent round-robin to `addrs` on a thread until stopped: (ok, failed).
-struct Load {
-    ok: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<String>>,
-}
-
-impl Load {
-    fn start(addrs: Vec<String>) -> Load {
-        let (ok, failed, stop) = (
-            Arc::new(AtomicU64::new(0)),
-            Arc::new(AtomicU64::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (o, f, s) = (ok.clone(), failed.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut errors = Vec::new();
-            let mut i = 0;
-            while !s.load(Ordering::Relaxed) {
-                let a = &addrs[i % addrs.len()];
-                i += 1;
-                match complete(a, Duration::from_secs(10)) {
-                    Ok(r) if r.status == 200 => {
-                        o.fetch_add(1, Ordering::Relaxed);
-                    }
-                    other => {
-                        f.fetch_add(1, Ordering::Relaxed);
-                        errors.push(format!("{a}: {other:?}"));
-                    }
-                }
-            }
-            errors
-        });
-        Load {
-            ok,
-            failed,
-            stop,
-            thread,
+/// Completions sent round-robin to `addrs` until stopped.
+fn round_robin(addrs: Vec<String>) -> Load {
+    let mut i = 0;
+    Load::start(move || {
+        let a = &addrs[i % addrs.len()];
+        i += 1;
+        match complete(a, Duration::from_secs(10)) {
+            Ok(r) if r.status == 200 => Ok(()),
+            other => Err(format!("{a}: {other:?}")),
         }
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::Relaxed)
-    }
-
-    /// Waits for `n` more answers than now.
-    fn more(&self, n: u64) {
-        let target = self.ok() + n;
-        wait_until("answers under load", Duration::from_secs(30), || {
-            (self.ok() >= target).then_some(())
-        });
-    }
-
-    fn finish(self) -> (u64, u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let errors = self.thread.join().unwrap();
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            errors,
-        )
-    }
+    })
 }
 
 fn kill_9(d: &mut Daemon) {
@@ -149,7 +95,7 @@ fn kill_9_under_load_replicas_keep_answering_and_are_all_adopted_without_a_cold_
     };
     d.wait_settled("a", 2, 1, Duration::from_secs(60));
     let before = roster(&d, "a");
-    let load = Load::start(routed_addrs(&d, "a"));
+    let load = round_robin(routed_addrs(&d, "a"));
     load.more(20);
     let spawned = spawned_lines(&d);
     let killed = Instant::now();
@@ -391,7 +337,7 @@ fn upgrade_under_load_keeps_every_replica_pid_role_and_the_routed_set() {
     first
         .wait_for(0, Duration::from_secs(10), |v| v["event"] == "routed")
         .expect("the routed snapshot");
-    let load = Load::start(routed_addrs(&d, "a"));
+    let load = round_robin(routed_addrs(&d, "a"));
     load.more(20);
     let t = Instant::now();
     let out = d.cli_ok(&["upgrade"]);

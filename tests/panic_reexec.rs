@@ -13,8 +13,6 @@
 //! Replicas outlive the daemon only in a cgroup: these need root and a writable cgroup v2 (CI
 //! has both); elsewhere they say so and return.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::procs::{alive, is_root};
@@ -98,81 +96,36 @@ fn wait_reexecuted(d: &mut Daemon, n: usize) {
     });
 }
 
-/// Completions sent one after the other on a thread until stopped: (ok, failed, errors).
-struct Load {
-    ok: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<String>>,
+/// Completions straight to a replica, one after the other until stopped.
+fn load_to_replica(addr: String) -> Load {
+    Load::start(move || match complete(&addr, Duration::from_secs(10)) {
+        Ok(r) if r.status == 200 => Ok(()),
+        other => Err(format!("{other:?}")),
+    })
 }
 
-impl Load {
-    /// Straight to a replica.
-    fn to_replica(addr: String) -> Load {
-        Load::start(move || match complete(&addr, Duration::from_secs(10)) {
+/// Completions through the front door, one after the other until stopped.
+fn load_through(front_door: std::net::SocketAddr) -> Load {
+    Load::start(
+        move || match testkit::route::complete(front_door, "a", Duration::from_secs(30)) {
             Ok(r) if r.status == 200 => Ok(()),
-            other => Err(format!("{other:?}")),
-        })
-    }
+            Ok(r) => Err(format!("{} {}", r.status, r.text())),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+}
 
-    /// Through the front door.
-    fn through(front_door: std::net::SocketAddr) -> Load {
-        Load::start(move || {
-            match testkit::route::complete(front_door, "a", Duration::from_secs(30)) {
-                Ok(r) if r.status == 200 => Ok(()),
-                Ok(r) => Err(format!("{} {}", r.status, r.text())),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-    }
-
-    fn start(one: impl Fn() -> Result<(), String> + Send + 'static) -> Load {
-        let (ok, failed, stop) = (
-            Arc::new(AtomicU64::new(0)),
-            Arc::new(AtomicU64::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (o, f, s) = (ok.clone(), failed.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut errors = Vec::new();
-            while !s.load(Ordering::Relaxed) {
-                match one() {
-                    Ok(()) => {
-                        o.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        f.fetch_add(1, Ordering::Relaxed);
-                        errors.push(e);
-                    }
-                }
-            }
-            errors
-        });
-        Load {
-            ok,
-            failed,
-            stop,
-            thread,
-        }
-    }
-
-    /// Waits for `n` more answers than now.
-    fn more(&self, n: u64) {
-        let target = self.ok.load(Ordering::Relaxed) + n;
-        wait_until("answers under load", Duration::from_secs(30), || {
-            (self.ok.load(Ordering::Relaxed) >= target).then_some(())
-        });
-    }
-
-    fn finish(self) -> (u64, u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let errors = self.thread.join().unwrap();
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            errors,
-        )
-    }
+/// The replica routed now is the one of `pid`, and no replica was spawned since `spawned` spawns
+/// had been logged: it was adopted, not started again.
+fn assert_adopted_without_a_cold_start(d: &Daemon, pid: i32, spawned: usize) {
+    let (again_pid, _) = routed_replica(d);
+    assert_eq!(again_pid, pid, "adopted:\n{}", d.log_tail(40));
+    assert_eq!(
+        count(d, "spawned: "),
+        spawned,
+        "no replica cold-started:\n{}",
+        d.log_tail(40)
+    );
 }
 
 #[test]
@@ -191,7 +144,7 @@ fn a_core_panic_re_executes_the_daemon_which_adopts_its_replica_without_a_cold_s
     let (replica_pid, replica_addr) = routed_replica(&d);
     let spawned = count(&d, "spawned: ");
     let adoptions = count(&d, "adopted 1 replica(s), stopping 0");
-    let load = Load::to_replica(replica_addr.clone());
+    let load = load_to_replica(replica_addr.clone());
     load.more(20);
 
     make_it_panic(&d);
@@ -288,14 +241,7 @@ fn more_panics_in_a_row_than_the_limit_end_the_daemon_and_the_replica_lives_on_t
 
     // The next start (what the service manager's restart does) adopts it.
     d.restart();
-    let (again_pid, _) = routed_replica(&d);
-    assert_eq!(again_pid, replica_pid, "adopted:\n{}", d.log_tail(40));
-    assert_eq!(
-        count(&d, "spawned: "),
-        spawned,
-        "no replica cold-started:\n{}",
-        d.log_tail(40)
-    );
+    assert_adopted_without_a_cold_start(&d, replica_pid, spawned);
     // Dropping `d` kills the daemon and the replica it adopted, and fails if either survives.
 }
 
@@ -321,14 +267,7 @@ fn the_fault_outlives_an_upgrade_and_the_upgraded_daemon_panics_and_adopts_the_s
     );
     make_it_panic(&d);
     wait_reexecuted(&mut d, 1);
-    let (again_pid, _) = routed_replica(&d);
-    assert_eq!(again_pid, replica_pid, "adopted:\n{}", d.log_tail(40));
-    assert_eq!(
-        count(&d, "spawned: "),
-        spawned,
-        "no replica cold-started:\n{}",
-        d.log_tail(40)
-    );
+    assert_adopted_without_a_cold_start(&d, replica_pid, spawned);
 }
 
 #[test]
@@ -371,7 +310,7 @@ fn requests_through_the_front_door_are_all_answered_across_a_core_panic() {
         )
     };
     connected(&router);
-    let load = Load::through(router.addr);
+    let load = load_through(router.addr);
     load.more(20);
 
     make_it_panic(&d);

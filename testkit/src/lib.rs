@@ -31,6 +31,7 @@ mod config;
 mod conn;
 mod daemon;
 mod http;
+mod load;
 mod measure;
 mod notify;
 pub mod ports;
@@ -48,6 +49,7 @@ pub use config::{Config, Liveness, Model};
 pub use conn::{ask_on, connect_as, request, Conn};
 pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
+pub use load::Load;
 pub use measure::{
     bench_arg, bench_full, clk_tck, cpu_ticks, machine_load, monotonic_usec, percentile, rss_kib,
 };

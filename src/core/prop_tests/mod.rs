@@ -17,6 +17,8 @@
 //! processes) for 15 minutes: every model has at least `min` routed unless no replica of it can
 //! be placed (no free port, or no GPU room that the GPU table confirms): see `check_min_routed`.
 //!
+//! `many.rs`: the same, where one event finds hundreds of replicas surplus or departing.
+//!
 //! Not sent: `Event::Inventory`, whose reordering of the GPU table is the GPU issue's (item 7).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +29,8 @@ use proptest::prelude::*;
 
 mod apply;
 mod inputs;
-use inputs::{big_steps, configs, step, Step, BIG, BIG_PORTS};
+mod many;
+use inputs::{configs, step, Step};
 
 use super::replica::Replica;
 use super::*;
@@ -531,109 +534,4 @@ proptest! {
     ) {
         run_to_rest(config, &steps);
     }
-}
-
-proptest! {
-    // Fewer cases (50 of the 2,000): each walks hundreds of replicas through every event.
-    #![proptest_config(ProptestConfig {
-        cases: cases().div_ceil(40),
-        max_shrink_iters: 2000,
-        failure_persistence: None,
-        .. ProptestConfig::default()
-    })]
-
-    /// The same promises where one event finds far more surplus replicas than it may stop (a
-    /// scale from hundreds down to a few, `max` shrunk by a reload): the bound on surplus stops
-    /// is met by stopping a batch, not by never being asked for more (the family above, within
-    /// 32 ports, never is).
-    #[test]
-    fn surplus_stops_stay_a_batch_per_event_when_hundreds_are_surplus(
-        config in BIG..BIG + 2,
-        steps in prop::collection::vec(big_steps(), 1..16).prop_map(|v| v.concat()),
-    ) {
-        run_to_rest(config, &steps);
-    }
-}
-
-/// What the family above is for, in one sequence: a scale down to one, while six batches' worth
-/// of replicas start, finds them all surplus in one event, which stops exactly a batch; the
-/// rest follow.
-#[test]
-fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
-    let mut w = World::new(BIG);
-    w.send(Event::Tick);
-    let batch = super::reconcile::STOPS_PER_EVENT as usize;
-    w.step(&Step::admin_scale(BIG_PORTS, BIG_PORTS));
-    // Made and started a batch per event; none answered yet (a spawn takes its time).
-    for _ in 0..8 {
-        w.step(&Step::Advance(100));
-    }
-    let a = w
-        .node
-        .replicas
-        .of_model("a")
-        .filter(|r| r.state == ReplicaState::Starting)
-        .count();
-    assert_eq!(a, BIG_PORTS as usize, "replicas of a starting");
-    assert_eq!(w.most_idle_stops, 0);
-    w.step(&Step::admin_scale(1, 1));
-    assert_eq!(w.most_idle_stops, batch, "one event, one batch");
-    w.behave(Duration::from_secs(15 * 60));
-    w.check_min_routed();
-    assert_eq!(w.node.replicas.of_model("a").count(), 1);
-}
-
-/// A new version rolled out over six batches' worth of replicas still starting: the reload's
-/// event stops a batch of them, the next events the rest, and the rollout completes.
-#[test]
-fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
-    let mut w = World::new(BIG);
-    w.send(Event::Tick);
-    let n = BIG_PORTS;
-    w.step(&Step::admin_scale(n, n));
-    for _ in 0..8 {
-        w.step(&Step::Advance(100));
-    }
-    let starting = w
-        .node
-        .replicas
-        .of_model("a")
-        .filter(|r| r.state == ReplicaState::Starting && &*r.version == "1")
-        .count();
-    assert_eq!(starting, n as usize);
-    assert_eq!(w.most_idle_stops, 0);
-    w.step(&Step::ReloadAsk(true));
-    w.step(&Step::ConfigRead(BIG as u8 + 2));
-    let batch = super::reconcile::STOPS_PER_EVENT as usize;
-    assert_eq!(w.most_idle_stops, batch, "the reload's event: one batch");
-    let left = |w: &World| {
-        w.node
-            .replicas
-            .of_model("a")
-            .filter(|r| w.node.idle_departing(r))
-            .count()
-    };
-    assert_eq!(left(&w), n as usize - batch);
-    // Ticks alone finish them, a batch each (nothing else happens meanwhile).
-    for i in 1..n as usize / batch {
-        w.step(&Step::Advance(100));
-        assert_eq!(
-            left(&w),
-            (n as usize).saturating_sub((i + 1) * batch),
-            "tick {i}"
-        );
-    }
-    assert_eq!(left(&w), 0);
-    w.behave(Duration::from_secs(15 * 60));
-    w.check_min_routed();
-    let a: Vec<_> = w.node.replicas.of_model("a").collect();
-    assert!(
-        a.iter().all(|r| &*r.version == "2"),
-        "every replica of version 2"
-    );
-    assert_eq!(
-        a.iter().filter(|r| r.state == ReplicaState::Routed).count(),
-        n as usize
-    );
-    assert!(w.node.models["a"].rollout.is_none(), "the rollout is done");
 }
