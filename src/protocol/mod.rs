@@ -3,7 +3,7 @@
 //!
 //! Requests are `Request`; answers are `Answer` (`Result<Response, Failure>`), which the core
 //! returns and only the socket layer turns into a line (`encode_answer`), and the CLI back
-//! (`decode_answer`). The wire form is DESIGN's: `{"ok":true,...}`, or
+//! (`decode_answer`). The wire form is docs/design.md's: `{"ok":true,...}`, or
 //! `{"ok":false,"error":"CODE","message":"…"}`.
 
 mod views;

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{wire_name, WarmPoolSetting};
 
-/// A replica's lifecycle state (DESIGN's `pending → starting → warm ⇄ routed → draining`, plus
-/// `stopping`: signalled, waiting for the process to exit).
+/// A replica's lifecycle state (docs/design.md: `pending → starting → warm ⇄ routed →
+/// draining`, plus `stopping`: signalled, waiting for the process to exit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {

@@ -26,7 +26,7 @@ pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 /// Concurrent client connections; more wait in the kernel's accept backlog.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Requests one replica serves at once (DESIGN: `[[model]] slots`, default 1).
+/// Requests one replica serves at once (docs/design.md: `[[model]] slots`, default 1).
 pub const DEFAULT_SLOTS: u32 = 1;
 /// Threads serving connections, at most: a proxy's work is system calls, and a few threads
 /// carry tens of thousands of requests a second, more than a GPU host's replicas serve.

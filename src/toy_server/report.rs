@@ -1,6 +1,6 @@
 //! The toy server's queue reports to the daemon: a `report` request on the daemon's socket
-//! every 200 ms once loaded, as DESIGN.md's protocol has it, written with the protocol module's
-//! own types.
+//! every 200 ms once loaded, as docs/design.md's protocol has it, written with the protocol
+//! module's own types.
 
 use std::collections::HashSet;
 use std::path::PathBuf;

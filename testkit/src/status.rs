@@ -1,4 +1,4 @@
-//! Reading `status` answers (DESIGN.md's STATUS, MODEL and REPLICA objects).
+//! Reading `status` answers (docs/design.md's STATUS, MODEL and REPLICA objects).
 
 use serde_json::Value;
 

@@ -8,7 +8,7 @@ use super::*;
 
 const FILE: &str = "fuzz.toml";
 
-/// The product's example and DESIGN.md's, both valid.
+/// The product's example and docs/design.md's, both valid.
 fn bases() -> [&'static str; 2] {
     [EXAMPLE, include_str!("../../../config.toml.example")]
 }

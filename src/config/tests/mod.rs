@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::*;
 
-/// The example from DESIGN.md "Configuration", verbatim.
+/// The example of docs/design.md, "Configuration" (held equal to it below).
 pub(super) const EXAMPLE: &str = r#"[daemon]
 socket = "/run/hearth/hearth.sock"   # control and report socket
 state_dir = "/var/lib/hearth"         # runtime overrides that survive restarts
@@ -136,4 +136,22 @@ pub(super) fn line_of(text: &str, prefix: &str, nth: usize) -> usize {
         .nth(nth)
         .map(|(i, _)| i + 1)
         .unwrap_or_else(|| panic!("{prefix:?} not in text"))
+}
+
+/// docs/design.md shows the example this module checks value by value: the two say the same
+/// (comments and spacing aside), so the page cannot drift from what is tested.
+#[test]
+fn the_design_pages_example_is_the_one_tested() {
+    let page = include_str!("../../../docs/design.md");
+    let block = page
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/design.md has a ```toml block");
+    let shown: toml::Value = toml::from_str(block).expect("docs/design.md's example is TOML");
+    let tested: toml::Value = toml::from_str(EXAMPLE).expect("EXAMPLE is TOML");
+    assert_eq!(
+        shown, tested,
+        "docs/design.md's example differs from EXAMPLE"
+    );
 }
