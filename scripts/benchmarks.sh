@@ -4,11 +4,11 @@
 # trace; the plot of that trace (docs/azure-conv.svg). The grid section (from "## The grid", written
 # from `hearth simulate --grid --markdown`, which takes about 25 minutes on 2 cores) and the
 # "Agent benchmarks" section (daemon measurements) are kept as they are.
-# Needs the Azure traces: HEARTH_TRACE_DIR (default ../shared/traces relative to the repository).
+# Reads the Azure traces from HEARTH_TRACE_DIR (default: the repository's data/traces).
 #   scripts/benchmarks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HEARTH_TRACE_DIR="${HEARTH_TRACE_DIR:-$(cd .. && pwd)/shared/traces}"
+export HEARTH_TRACE_DIR="${HEARTH_TRACE_DIR:-$PWD/data/traces}"
 cargo build --release --quiet
 bin="${CARGO_TARGET_DIR:-target}/release/hearth"
 cfg=examples/simulate.toml
@@ -58,8 +58,8 @@ arrivals at their recorded instants, no time compression (`--speed 1`); ×4 rows
 rate (`--rate-mult 4`: each arrival replayed four times, the copies shifted by up to 1 s).
 
 Reproduce one table: `hearth simulate --config examples/simulate.toml --model llm --scenario NAME`
-(traces: `--scenario azure-conv --trace ../shared/traces/azure-llm-2023-conv.csv`, or set
-`HEARTH_TRACE_DIR`). `--decisions` prints every scale decision of hearth with its reason.
+(traces: `--scenario azure-conv` from the repository's root, which reads
+`data/traces/azure-llm-2023-conv.csv`; elsewhere `--trace FILE` or `HEARTH_TRACE_DIR`). `--decisions` prints every scale decision of hearth with its reason.
 
 ### Is hearth beaten?
 

@@ -1,4 +1,4 @@
-//! Replay under load: the first 10 minutes of the Azure code trace (CC-BY 4.0, ../shared/traces),
+//! Replay under load: the first 10 minutes of the Azure code trace (CC-BY 4.0, data/traces),
 //! compressed 10× into one minute, through the front door to toy replicas under the real daemon,
 //! with a replica killed with -9, a reload that rolls out a new version, and a scale-down during
 //! the run. No request fails but those the contract lets fail (429, 503); the measured share of
@@ -58,11 +58,12 @@ struct Outcomes {
 
 #[test]
 fn replay_through_the_front_door_with_a_kill_a_rollout_and_a_scale_down() {
-    let trace =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/azure-llm-2023-code.csv");
-    if !trace.exists() {
-        panic!("{} is missing (CI provides ../shared)", trace.display());
-    }
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/traces/azure-llm-2023-code.csv");
+    assert!(
+        trace.is_file(),
+        "{} is missing: the repository ships it (data/traces/README.md)",
+        trace.display()
+    );
     let times = arrivals(&trace);
     assert!(times.len() > 1000, "{} arrivals", times.len());
     let mut m = Model::front_toy(

@@ -17,11 +17,31 @@ target_wait = "2s"
 "#;
 
 fn hearth(args: &[&str]) -> std::process::Output {
+    hearth_in(std::path::Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+/// `hearth ARGS…` run in `dir`, without `HEARTH_TRACE_DIR` (so `data/traces` under `dir`, or
+/// nothing, is where the built-in traces are found).
+fn hearth_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(args)
+        .current_dir(dir)
         .env_remove("HEARTH_TRACE_DIR")
         .output()
         .expect("hearth runs")
+}
+
+/// The repository's traces (data/traces/README.md: CC-BY 4.0), which every checkout has.
+fn traces() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/traces");
+    for file in ["azure-llm-2023-conv.csv", "azure-llm-2023-code.csv"] {
+        assert!(
+            dir.join(file).is_file(),
+            "{} is missing: the repository ships it (git checkout data/traces)",
+            dir.join(file).display()
+        );
+    }
+    dir
 }
 
 /// `hearth simulate --config CONFIG --model MODEL ARGS…`.
@@ -101,9 +121,26 @@ fn usage_errors_exit_2_and_config_errors_exit_1() {
     let run = |extra: &[&str]| simulate(cfg, "llm", extra);
     let out = run(&["--scenario", "step", "--policy", "nope"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = run(&["--scenario", "azure-conv"]);
+    // Outside a checkout (no data/traces here) a trace scenario needs its file named.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = hearth_in(
+        elsewhere.path(),
+        &[
+            "simulate",
+            "--config",
+            cfg,
+            "--model",
+            "llm",
+            "--scenario",
+            "azure-conv",
+        ],
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--trace") && said.contains("data/traces"),
+        "{said}"
+    );
     let out = run(&["--scenario", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     let out = simulate(cfg, "other", &["--scenario", "step"]);
@@ -154,31 +191,24 @@ fn a_plain_trace_replays() {
 #[test]
 fn hearth_is_not_beaten_on_both_axes_by_any_baseline() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let traces = repo.join("../shared/traces");
+    let traces = traces();
     let mut runs: Vec<(String, Vec<String>)> =
         ["step", "burst", "diurnal", "sawtooth", "flash-crowd"]
             .iter()
             .map(|s| (s.to_string(), vec!["--scenario".to_string(), s.to_string()]))
             .collect();
-    if traces.join("azure-llm-2023-conv.csv").exists() {
-        for (name, file) in [
-            ("azure-conv", "azure-llm-2023-conv.csv"),
-            ("azure-code", "azure-llm-2023-code.csv"),
-        ] {
-            for mult in ["1", "4"] {
-                let trace = traces.join(file).display().to_string();
-                let args = ["--scenario", name, "--trace", &trace, "--rate-mult", mult];
-                runs.push((
-                    format!("{name} ×{mult}"),
-                    args.iter().map(|s| s.to_string()).collect(),
-                ));
-            }
+    for (name, file) in [
+        ("azure-conv", "azure-llm-2023-conv.csv"),
+        ("azure-code", "azure-llm-2023-code.csv"),
+    ] {
+        for mult in ["1", "4"] {
+            let trace = traces.join(file).display().to_string();
+            let args = ["--scenario", name, "--trace", &trace, "--rate-mult", mult];
+            runs.push((
+                format!("{name} ×{mult}"),
+                args.iter().map(|s| s.to_string()).collect(),
+            ));
         }
-    } else {
-        eprintln!(
-            "note: {} not found; checking the synthetic scenarios only",
-            traces.display()
-        );
     }
     let config = repo.join("examples/simulate.toml").display().to_string();
     let mut failures = Vec::new();
@@ -233,15 +263,6 @@ const KNOWN_BEATEN: [&str; 5] = [
     "diurnal seed 5, cold 10 s, 8 slots, target 2 s",
 ];
 
-/// The same, where `../shared/traces` is absent: the sample is then drawn from the synthetic
-/// workloads alone, and so holds other cells.
-const KNOWN_BEATEN_SYNTHETIC: [&str; 4] = [
-    "burst seed 3, cold 240 s, 8 slots, target 2 s",
-    "burst seed 5, cold 60 s, 8 slots, target 0.5 s",
-    "diurnal seed 4, cold 60 s, 32 slots, target 0.5 s",
-    "diurnal seed 4, cold 60 s, 32 slots, target 2 s",
-];
-
 /// Issue 12 on a fixed sample of the grid: 60 cells spanning every workload family, cold start,
 /// slot count and target, every policy given only `min`, `max` and `target_wait`. The oracle is
 /// beaten on both axes by no online policy; hearth drains and never kills; and hearth is beaten
@@ -251,19 +272,16 @@ const KNOWN_BEATEN_SYNTHETIC: [&str; 4] = [
 /// summary must agree with them.
 #[test]
 fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let traces = repo.join("../shared/traces");
-    let with_traces = traces.join("azure-llm-2023-conv.csv").exists();
-    let trace_dir = traces.display().to_string();
-    let mut args = vec!["simulate", "--grid", "--grid-sample", "60", "--json"];
-    if with_traces {
-        args.extend(["--trace-dir", trace_dir.as_str()]);
-    } else {
-        eprintln!(
-            "note: {} not found; the sample covers the synthetic scenarios only",
-            traces.display()
-        );
-    }
+    let trace_dir = traces().display().to_string();
+    let args = [
+        "simulate",
+        "--grid",
+        "--grid-sample",
+        "60",
+        "--json",
+        "--trace-dir",
+        trace_dir.as_str(),
+    ];
     let out = hearth(&args);
     assert!(
         out.status.success(),
@@ -278,11 +296,16 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
     let set = |key: &str| -> std::collections::BTreeSet<String> {
         cells.iter().map(|c| c[key].to_string()).collect()
     };
-    let mut families = vec!["burst", "diurnal", "flash-crowd", "sawtooth", "step"];
-    if with_traces {
-        families.extend(["azure-code", "azure-conv", "spliced"]);
-        families.sort();
-    }
+    let families = [
+        "azure-code",
+        "azure-conv",
+        "burst",
+        "diurnal",
+        "flash-crowd",
+        "sawtooth",
+        "spliced",
+        "step",
+    ];
     let families: Vec<String> = families.iter().map(|f| format!("\"{f}\"")).collect();
     assert_eq!(set("family").into_iter().collect::<Vec<_>>(), families);
     assert_eq!(set("cold_start_s").len(), 3);
@@ -302,11 +325,7 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
             p["killed"].as_u64().unwrap(),
         )
     };
-    let known: &[&str] = if with_traces {
-        &KNOWN_BEATEN
-    } else {
-        &KNOWN_BEATEN_SYNTHETIC
-    };
+    let known: &[&str] = &KNOWN_BEATEN;
     let mut failures = Vec::new();
     let mut beaten = Vec::new();
     for c in cells {
@@ -361,12 +380,7 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
     for cell in known {
         if !beaten.iter().any(|b| b == cell) {
             failures.push(format!(
-                "{cell}: no longer beaten; take it off {} and BENCHMARKS.md",
-                if with_traces {
-                    "KNOWN_BEATEN"
-                } else {
-                    "KNOWN_BEATEN_SYNTHETIC"
-                }
+                "{cell}: no longer beaten; take it off KNOWN_BEATEN and BENCHMARKS.md"
             ));
         }
     }

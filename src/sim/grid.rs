@@ -396,7 +396,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let dir = trace_dir.or_else(|| std::env::var_os("HEARTH_TRACE_DIR").map(PathBuf::from));
+    let dir = trace_dir.or_else(workload::trace_dir);
     let dir = match dir {
         Some(d)
             if d.join(workload::TRACES[0].1).exists() && d.join(workload::TRACES[1].1).exists() =>
@@ -414,8 +414,9 @@ pub fn main(o: Options) -> std::process::ExitCode {
         }
         None => {
             eprintln!(
-                "note: no --trace-dir (or HEARTH_TRACE_DIR): the Azure trace workloads are left \
-                 out; the grid covers the synthetic scenarios only"
+                "note: no --trace-dir, HEARTH_TRACE_DIR or ./{}: the Azure trace workloads are \
+                 left out; the grid covers the synthetic scenarios only",
+                workload::REPO_TRACE_DIR
             );
             None
         }

@@ -121,8 +121,8 @@ fn parse_positive(s: &str) -> Result<f64, String> {
 #[command(
     about = "Replay traffic against hearth's policy and published autoscalers",
     after_help = "Scenarios: step, burst, diurnal, sawtooth, flash-crowd (synthetic, seeded), \
-azure-conv, azure-code (the Azure LLM inference traces 2023, CC-BY 4.0: give the CSV with \
---trace, or set HEARTH_TRACE_DIR to its folder).\n--speed X divides arrival times by X; \
+azure-conv, azure-code (the Azure LLM inference traces 2023, CC-BY 4.0: read from \
+$HEARTH_TRACE_DIR, else ./data/traces, where a checkout keeps them; or give the CSV with --trace).\n--speed X divides arrival times by X; \
 --rate-mult X multiplies the arrival rate (synthetic: the Poisson rate; traces: each arrival \
 kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s).\n\
 --grid runs the standard grid instead (every scenario and trace, cold start, slot count and \
@@ -195,8 +195,8 @@ pub struct SimArgs {
     /// With --grid: only this many cells, chosen to span every workload and every knob setting
     #[arg(long, requires = "grid")]
     pub grid_sample: Option<usize>,
-    /// With --grid: the folder holding the Azure traces (default $HEARTH_TRACE_DIR; without
-    /// either, the grid has only the synthetic workloads)
+    /// With --grid: the folder holding the Azure traces (default $HEARTH_TRACE_DIR, else
+    /// ./data/traces where it exists; without any, the grid has only the synthetic workloads)
     #[arg(long, requires = "grid")]
     pub trace_dir: Option<PathBuf>,
     /// With --grid: threads to run cells on (default: one per core)

@@ -230,18 +230,13 @@ fn baselines_scale_up_under_a_step_and_start_from_min() {
     }
 }
 
-/// One hour of the conversation trace with every policy: timed (printed), with a generous
-/// bound so a debug build passes too. Skipped when the trace is not at hand.
+/// One hour of the conversation trace (data/traces) with every policy: timed (printed), with a
+/// generous bound so a debug build passes too.
 #[test]
 fn an_hour_of_the_conv_trace_with_all_policies_is_quick() {
-    let dir = std::env::var_os("HEARTH_TRACE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
-    let path = dir.join("azure-llm-2023-conv.csv");
-    if !path.exists() {
-        eprintln!("skipped: {} not found", path.display());
-        return;
-    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(workload::REPO_TRACE_DIR)
+        .join("azure-llm-2023-conv.csv");
     let started = Instant::now();
     let w = workload::trace_workload(&path, "azure-conv", 1, &SM, 1.0, 1.0).unwrap();
     let s = setup(config(1, 16, 2), &w, Duration::from_secs(300));

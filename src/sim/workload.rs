@@ -87,11 +87,23 @@ fn synth_service(rng: &mut Rng, sm: &ServiceModel) -> Us {
 /// 9–11 busy replicas (more with headroom), while the base load needs two or three.
 pub const SYNTHETIC: [&str; 5] = ["step", "burst", "diurnal", "sawtooth", "flash-crowd"];
 
-/// Built-in trace scenarios: name → the file they read (from `--trace` or `$HEARTH_TRACE_DIR`).
+/// Built-in trace scenarios: name → the file they read (`--trace`, else in `trace_dir()`).
 pub const TRACES: [(&str, &str); 2] = [
     ("azure-conv", "azure-llm-2023-conv.csv"),
     ("azure-code", "azure-llm-2023-code.csv"),
 ];
+
+/// Where the repository keeps the traces, relative to its root (data/traces/README.md).
+pub const REPO_TRACE_DIR: &str = "data/traces";
+
+/// The folder the built-in traces are read from when no path is given: `$HEARTH_TRACE_DIR`, else
+/// `data/traces` where it exists (a checkout's root, where the README's commands run), else none.
+pub fn trace_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("HEARTH_TRACE_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    Some(PathBuf::from(REPO_TRACE_DIR)).filter(|d| d.is_dir())
+}
 
 pub const AZURE_ATTRIBUTION: &str = "Azure LLM inference trace 2023 (Patel et al., \"Splitwise: \
 Efficient generative LLM inference using phase splitting\", ISCA 2024), CC-BY 4.0";
@@ -229,7 +241,7 @@ fn push_transform(d: &mut String, speed: f64, rate_mult: f64, how: &str) {
     }
 }
 
-/// Where a built-in trace scenario's file is: `--trace`, else `$HEARTH_TRACE_DIR/<file>`.
+/// Where a built-in trace scenario's file is: `--trace`, else `<trace_dir()>/<file>`.
 pub fn trace_path(scenario: &str, trace: Option<&Path>) -> Result<PathBuf, String> {
     let (_, file) = TRACES
         .iter()
@@ -238,11 +250,12 @@ pub fn trace_path(scenario: &str, trace: Option<&Path>) -> Result<PathBuf, Strin
     if let Some(p) = trace {
         return Ok(p.to_path_buf());
     }
-    match std::env::var_os("HEARTH_TRACE_DIR") {
-        Some(dir) => Ok(Path::new(&dir).join(file)),
+    match trace_dir() {
+        Some(dir) => Ok(dir.join(file)),
         None => Err(format!(
-            "scenario {scenario} replays {file}: give it with --trace FILE, or set \
-             HEARTH_TRACE_DIR to the folder that holds it"
+            "scenario {scenario} replays {file}, found in {REPO_TRACE_DIR}/ when run from the \
+             repository's root; elsewhere give it with --trace FILE, or set HEARTH_TRACE_DIR to \
+             the folder that holds it"
         )),
     }
 }
