@@ -1,4 +1,4 @@
-//! A real model server: llama.cpp's server with a tiny GGUF on the CPU (../shared/real-model).
+//! A real model server: llama.cpp's server with a tiny GGUF on the CPU (scripts/real-model.sh).
 //! Readiness is a real completion; a warm-up whose expected answer never comes never routes.
 
 use std::time::Duration;

@@ -56,7 +56,7 @@ pub use measure::{
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;
-pub use real_model::{openai_python, real_model_dir, shared_dir};
+pub use real_model::{openai_python, real_model_dir, repo_dir};
 pub use serde_json::{json, Value};
 pub use wait::{poll, wait_until, POLL};
 pub use watch::{endpoint_ids, endpoints, replica_event, Ev, Watch};

