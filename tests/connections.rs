@@ -7,7 +7,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use testkit::procs::is_root;
 use testkit::*;
 
 /// The daemon's limits (src/agent/admission.rs).
@@ -34,8 +33,7 @@ fn served(conns: &[std::os::unix::net::UnixStream]) -> (usize, Vec<String>) {
 
 #[test]
 fn other_users_flooding_the_socket_cannot_lock_an_admin_out() {
-    if !is_root() {
-        eprintln!("skipped: connecting as other users needs root");
+    if !needs_root("connecting as other users") {
         return;
     }
     let d = Daemon::start([Model::toy("toy", &[]).scale(1, 1, 0)]);

@@ -52,8 +52,9 @@ fn nvml_present() -> bool {
 
 #[test]
 fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
-    if nvml_present() {
-        eprintln!("NVML is usable on this host: the fallback cannot be shown here");
+    if !needs(!nvml_present(), || {
+        "a host without NVML (NVML is usable here: the fallback cannot be shown)".into()
+    }) {
         return;
     }
     let d = gpu_daemon(
@@ -91,8 +92,9 @@ fn auto_without_nvml_falls_back_to_the_declared_devices_and_says_why() {
 
 #[test]
 fn backend_nvml_without_nvml_exits_1_and_says_so() {
-    if nvml_present() {
-        eprintln!("NVML is usable on this host: backend = \"nvml\" would start");
+    if !needs(!nvml_present(), || {
+        "a host without NVML (NVML is usable here: backend = \"nvml\" would start)".into()
+    }) {
         return;
     }
     let mut d = gpu_daemon("nvml", &[("GPU-static-a", "80GiB")]).spawn();

@@ -9,7 +9,6 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use testkit::procs::is_root;
 use testkit::*;
 
 fn chmod(p: &std::path::Path, mode: u32) {
@@ -389,8 +388,7 @@ fn drain_of_the_last_routed_replica_keeps_one_routed() {
 
 #[test]
 fn a_role_revoked_by_reload_is_gone_on_connections_already_open() {
-    if !is_root() {
-        eprintln!("NOTE: not root; skipping (the client must run as another uid)");
+    if !needs_root("a client that runs as another uid") {
         return;
     }
     let mut d = Daemon::builder()

@@ -113,18 +113,13 @@ fn the_harness_finds_the_daemons_replica_cgroups() {
     let d = Daemon::start([Model::toy("toy", &[]).scale(1, 1, 0)]);
     d.wait_settled("toy", 1, 0, Duration::from_secs(30));
     let log = d.log();
-    let Some(line) = log
+    if !needs_cgroup2(&d) {
+        return;
+    }
+    let line = log
         .lines()
         .find(|l| l.contains("containment: cgroup2 subtree at "))
-    else {
-        eprintln!(
-            "note: no cgroup2 containment here: {}",
-            log.lines()
-                .find(|l| l.contains("containment:"))
-                .unwrap_or("")
-        );
-        return;
-    };
+        .expect("the containment line");
     let expected = testkit::cgroups::subtree(&d.dir.path().join("state")).unwrap();
     assert!(
         line.contains(&format!("at {} (", expected.display())),
@@ -133,4 +128,57 @@ fn the_harness_finds_the_daemons_replica_cgroups() {
     let r = &d.replicas("toy")[0];
     let procs = testkit::cgroups::procs(&expected.join(testkit::status::id(r)));
     assert!(procs.contains(&testkit::status::pid(r)), "{procs:?}");
+}
+
+/// A test that lacks what it needs fails, naming it; it passes with a SKIPPED note only when
+/// HEARTH_ALLOW_SKIP=1 is set (and "1" only). Run on this binary's own `a_test_that_needs_…`.
+#[test]
+fn a_test_that_cannot_run_here_fails_unless_skips_are_allowed() {
+    let run = |allow: Option<&str>| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--ignored",
+            "--exact",
+            "a_test_that_needs_what_no_host_has",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env_remove(testkit::needs::ALLOW_SKIP);
+        if let Some(v) = allow {
+            cmd.env(testkit::needs::ALLOW_SKIP, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    for allow in [None, Some("0"), Some("yes")] {
+        let (passed, text) = run(allow);
+        assert!(!passed, "{allow:?}: passed:\n{text}");
+        assert!(
+            text.contains("a_test_that_needs_what_no_host_has cannot run here")
+                && text.contains("lacks a unicorn (for the probe)")
+                && text.contains("HEARTH_ALLOW_SKIP=1"),
+            "{allow:?}: says what is missing and how to skip:\n{text}"
+        );
+        assert!(!text.contains("got past"), "{text}");
+    }
+    let (passed, text) = run(Some("1"));
+    assert!(passed, "HEARTH_ALLOW_SKIP=1: failed:\n{text}");
+    assert!(
+        text.contains("SKIPPED (HEARTH_ALLOW_SKIP=1): a_test_that_needs_what_no_host_has")
+            && !text.contains("got past"),
+        "{text}"
+    );
+}
+
+/// The probe the test above runs (ignored in a normal run: it cannot pass without the variable).
+#[test]
+#[ignore = "run by a_test_that_cannot_run_here_fails_unless_skips_are_allowed"]
+fn a_test_that_needs_what_no_host_has() {
+    if !needs(false, || "a unicorn (for the probe)".into()) {
+        return;
+    }
+    println!("got past the check");
 }

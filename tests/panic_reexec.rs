@@ -11,11 +11,11 @@
 //! requests how many panics come in a row.
 //!
 //! Replicas outlive the daemon only in a cgroup: these need root and a writable cgroup v2 (CI
-//! has both); elsewhere they say so and return.
+//! has both); elsewhere they fail saying so, unless HEARTH_ALLOW_SKIP=1 (testkit::needs).
 
 use std::time::Duration;
 
-use testkit::procs::{alive, is_root};
+use testkit::procs::alive;
 use testkit::status::{addr, pid};
 use testkit::*;
 
@@ -28,7 +28,7 @@ const MAX_PANIC_REEXECS: usize = 3;
 
 /// A daemon armed to panic on `gpus`, with one routed replica of a toy that takes 3 s to
 /// load (a cold start would show) and no room to scale (the test's load would start a second
-/// one), in a cgroup2 subtree; None (with a note) where this host has none.
+/// one), in a cgroup2 subtree; None where this host has none (and skips are allowed).
 fn daemon() -> Option<Daemon> {
     let toy = Model::toy("a", &["--load-time", "3s"]).scale(1, 1, 0);
     armed(Daemon::builder().model(toy).tick("100ms"))
@@ -36,16 +36,11 @@ fn daemon() -> Option<Daemon> {
 
 /// `builder` with the fault armed, started, where replicas can outlive the daemon.
 fn armed(builder: DaemonBuilder) -> Option<Daemon> {
-    if !is_root() {
-        eprintln!("note: not root: replicas cannot outlive the daemon without a cgroup here");
+    if !needs_root("replicas outlive the daemon only in a cgroup") {
         return None;
     }
     let d = builder.env(FAULT_ENV, FAULT_OP).start();
-    if !d.containment().starts_with("cgroup2 subtree at") {
-        eprintln!("note: no writable cgroup2 here: {}", d.log_tail(20));
-        return None;
-    }
-    Some(d)
+    needs_cgroup2(&d).then_some(d)
 }
 
 /// The one routed replica of `a`: (pid, address).

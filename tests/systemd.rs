@@ -282,8 +282,8 @@ fn journal_fields(mut b: &[u8]) -> Option<Vec<(String, String)>> {
 /// With stderr connected to "the journal" (JOURNAL_STREAM naming stderr's inode), entries go to
 /// journald's socket with MODEL, REPLICA, GPU and PRIORITY fields. The journal socket's path is
 /// fixed (/run/systemd/journal/socket), so the daemon runs in a private mount namespace with a
-/// fresh /run where the test's listener sits. Skipped where `unshare -m` is not allowed or
-/// python3 is missing.
+/// fresh /run where the test's listener sits. Fails where `unshare -m` is not allowed or python3
+/// is missing (testkit::needs).
 #[test]
 fn logs_carry_journal_fields_when_stderr_is_the_journal() {
     let ok = Command::new("unshare")
@@ -296,8 +296,7 @@ fn logs_carry_journal_fields_when_stderr_is_the_journal() {
             .arg("pass")
             .status()
             .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: needs `unshare -m` (root) and python3");
+    if !needs(ok, || "`unshare -m` (root, util-linux) and python3".into()) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

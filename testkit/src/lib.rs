@@ -12,6 +12,8 @@
 //! - [`procs`]: /proc, signals, and the [`Reaper`] that kills every process a test started.
 //! - [`http()`], [`complete`], [`llama_complete`]: HTTP/1.1 to replicas.
 //! - [`NotifyRecorder`]: the service manager's end of `NOTIFY_SOCKET`.
+//! - [`needs`]: what a test needs from the host; missing, the test fails saying so (unless
+//!   `HEARTH_ALLOW_SKIP=1`).
 //! - [`route`]: the front door's tests: `hearth route` on a daemon's file ([`route::Router`],
 //!   [`DaemonBuilder::route`]), HTTP that streams, and [`route::front_door`], the arrange step
 //!   they share.
@@ -33,6 +35,7 @@ mod daemon;
 mod http;
 mod load;
 mod measure;
+pub mod needs;
 mod notify;
 pub mod ports;
 pub mod procs;
@@ -53,6 +56,7 @@ pub use load::Load;
 pub use measure::{
     bench_arg, bench_full, clk_tck, cpu_ticks, machine_load, monotonic_usec, percentile, rss_kib,
 };
+pub use needs::{needs, needs_cgroup2, needs_root};
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;
