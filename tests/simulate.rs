@@ -1,6 +1,9 @@
 //! `hearth simulate` as users run it: the built binary, its exit codes, and reproducible JSON.
 
+mod golden;
+
 use std::process::Command;
+use std::sync::OnceLock;
 
 const CONFIG: &str = r#"
 [[model]]
@@ -252,6 +255,109 @@ fn hearth_is_not_beaten_on_both_axes_by_any_baseline() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// `hearth simulate --grid --grid-sample 60 --json` on the repository's traces, run once for the
+/// tests that read it.
+fn grid_sample() -> &'static serde_json::Value {
+    static SAMPLE: OnceLock<serde_json::Value> = OnceLock::new();
+    SAMPLE.get_or_init(|| {
+        let trace_dir = traces().display().to_string();
+        let args = [
+            "simulate",
+            "--grid",
+            "--grid-sample",
+            "60",
+            "--json",
+            "--trace-dir",
+            trace_dir.as_str(),
+        ];
+        let out = hearth(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    })
+}
+
+/// The runs whose `--json` is committed under tests/golden/simulate/: (file, config, model,
+/// arguments). Synthetic scenarios, both traces (found where a checkout keeps them, data/traces,
+/// as a user from the repository's root finds them), and the README's example configuration.
+const GOLDEN_RUNS: [(&str, &str, &str, &[&str]); 6] = [
+    (
+        "simulate/step.json",
+        "examples/simulate.toml",
+        "llm",
+        &["--scenario", "step"],
+    ),
+    (
+        "simulate/flash-crowd-seed-3.json",
+        "examples/simulate.toml",
+        "llm",
+        &["--scenario", "flash-crowd", "--seed", "3"],
+    ),
+    (
+        "simulate/sawtooth-seed-2-cold-120s.json",
+        "examples/simulate.toml",
+        "llm",
+        &[
+            "--scenario",
+            "sawtooth",
+            "--seed",
+            "2",
+            "--cold-start",
+            "120s",
+        ],
+    ),
+    (
+        "simulate/azure-conv.json",
+        "examples/simulate.toml",
+        "llm",
+        &["--scenario", "azure-conv"],
+    ),
+    (
+        "simulate/azure-code-x4.json",
+        "examples/simulate.toml",
+        "llm",
+        &["--scenario", "azure-code", "--rate-mult", "4"],
+    ),
+    (
+        "simulate/example-toy-diurnal.json",
+        "config.toml.example",
+        "toy",
+        &["--scenario", "diurnal", "--rate-mult", "0.25"],
+    ),
+];
+
+/// What `hearth simulate --json` prints is what tests/golden/ holds (its README says how to
+/// rewrite it when a change is meant to move it): the runs above and the grid sample.
+#[test]
+fn simulate_json_is_the_committed_golden_output() {
+    let mut differ = Vec::new();
+    for (file, config, model, args) in GOLDEN_RUNS {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = simulate(config, model, &all);
+        let how = format!(
+            "hearth simulate --config {config} --model {model} {}",
+            all.join(" ")
+        );
+        assert!(
+            out.status.success(),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        differ.extend(golden::check(file, &how, &v));
+    }
+    differ.extend(golden::check(
+        "simulate/grid-sample-60.json",
+        "hearth simulate --grid --grid-sample 60 --json --trace-dir data/traces",
+        grid_sample(),
+    ));
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+}
+
 /// Cells of `--grid-sample 60` where a baseline beats hearth today (issue 12's rules; see
 /// BENCHMARKS.md, "The grid"). The test fails if any other cell is beaten, so a regression shows,
 /// and names each listed cell that holds again, so the list only shrinks.
@@ -272,23 +378,7 @@ const KNOWN_BEATEN: [&str; 5] = [
 /// summary must agree with them.
 #[test]
 fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
-    let trace_dir = traces().display().to_string();
-    let args = [
-        "simulate",
-        "--grid",
-        "--grid-sample",
-        "60",
-        "--json",
-        "--trace-dir",
-        trace_dir.as_str(),
-    ];
-    let out = hearth(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = grid_sample();
     let cells = v["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 60);
 
