@@ -188,6 +188,102 @@ fn a_plain_trace_replays() {
     assert!((lb - 2850.0 * 2.5 / 8.0).abs() < 0.1, "{lb}");
 }
 
+/// `--concurrency` defaults to the model's `slots` where the file sets them, else 8, and the
+/// header says which (issue 24, item 9: config.toml.example's toy has 4 slots; 8 were simulated).
+#[test]
+fn the_models_slots_size_the_simulated_replicas_and_the_header_says_where_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_slots = dir.path().join("slots.toml");
+    std::fs::write(
+        &with_slots,
+        CONFIG.replace("gpus = 0\n", "gpus = 0\nslots = 4\n"),
+    )
+    .unwrap();
+    let with_slots = with_slots.to_str().unwrap();
+    let (_dir, without) = config_file();
+    let without = without.to_str().unwrap();
+    let run = |cfg: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--scenario",
+            "step",
+            "--duration",
+            "20m",
+            "--policy",
+            "hearth",
+        ];
+        args.extend_from_slice(extra);
+        let out = simulate(cfg, "llm", &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = run(with_slots, &[]);
+    assert!(
+        said.contains("4 slots per replica (the model's `slots`)"),
+        "{said}"
+    );
+    let said = run(without, &[]);
+    assert!(
+        said.contains("8 slots per replica (default: the model sets no `slots`)"),
+        "{said}"
+    );
+    let said = run(with_slots, &["--concurrency", "2"]);
+    assert!(
+        said.contains("2 slots per replica (--concurrency)"),
+        "{said}"
+    );
+
+    // The figures are those of 4 slots: the same as --concurrency 4, not those of 8.
+    let json = |cfg: &str, extra: &[&str]| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        run(cfg, &args)
+    };
+    let from_file = json(with_slots, &[]);
+    assert_eq!(from_file, json(without, &["--concurrency", "4"]));
+    assert_ne!(from_file, json(without, &[]));
+}
+
+/// A workload that ends before the warm-up would print a table of zeros: it is refused, saying
+/// why (issue 24, item 9).
+#[test]
+fn a_workload_shorter_than_the_warm_up_is_refused_plainly() {
+    let (dir, cfg) = config_file();
+    let cfg = cfg.to_str().unwrap();
+    let trace = dir.path().join("short.csv");
+    let body: String = (0..100)
+        .map(|i| format!("{},1.0\n", i as f64 * 0.4))
+        .collect();
+    std::fs::write(&trace, body).unwrap();
+    for args in [
+        vec!["--trace", trace.to_str().unwrap()],
+        vec!["--scenario", "step", "--duration", "4m"],
+    ] {
+        let out = simulate(cfg, "llm", &args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("nothing to measure") && said.contains("--warmup"),
+            "{args:?}: {said}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: no table");
+    }
+    // With a warm-up shorter than the workload, the same trace runs.
+    let out = simulate(
+        cfg,
+        "llm",
+        &["--trace", trace.to_str().unwrap(), "--warmup", "10s"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Issue 7's bar, at the seed BENCHMARKS.md uses: on every built-in scenario and both traces
 /// (×1 and ×4), no baseline is at least as good for less, or better for about as much; and
 /// hearth kills nothing on scale-down.

@@ -167,6 +167,9 @@ pub struct ModelConfig {
     /// Requests one replica serves at once (`slots`, default 1): the front door never sends
     /// more. Live: a change reaches the router through `watch`, replicas keep running.
     pub slots: u32,
+    /// Whether the file gives `slots` (else `slots` is the default): `hearth simulate` sizes
+    /// its replicas by the model's slots only where they are given.
+    pub slots_declared: bool,
     pub stop_grace: Duration,
     pub liveness: Option<LivenessConfig>,
     pub signal: Option<SignalConfig>,

@@ -6,13 +6,16 @@
 //! - `engine`: the discrete-event loop and the `Driver` interface.
 //! - `hearth`: the core as the daemon's shell would drive it.
 //! - `baselines`: Kubernetes HPA (utilisation, queue depth), Knative KPA, Ray Serve, Cortex.
-//! - `report`, `plot`: figures, `--json`, the table, the SVG.
+//! - `report`, `plot`: figures, `--json`, the table, the SVG; `header`: what a run says about
+//!   itself (slots per replica and where they came from) and the refusal of one that measures
+//!   nothing.
 
 pub mod baselines;
 pub mod cluster;
 pub mod engine;
 pub mod grid;
 pub mod grid_report;
+pub mod header;
 pub mod hearth;
 pub mod oracle;
 mod oracle_replay;
@@ -30,7 +33,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{Config, WarmPool};
+use crate::config::Config;
 use baselines::{cortex::Cortex, fixed::Fixed, hpa::Hpa, kpa::Kpa, ray::Ray};
 use baselines::{BaselineDriver, Targets};
 use engine::{Driver, Params, Point};
@@ -154,9 +157,10 @@ pub struct SimArgs {
     /// Spawn → warm (ready) time of a replica
     #[arg(long = "cold-start", default_value = "60s", value_parser = parse_dur)]
     pub cold_start: Duration,
-    /// Requests a replica serves at once (slots)
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: u32,
+    /// Requests a replica serves at once (slots; default: the model's `slots` where the file
+    /// sets them, else 8)
+    #[arg(long)]
+    pub concurrency: Option<u32>,
     /// Service time per context token
     #[arg(long = "prefill-per-token", default_value = "0.2ms", value_parser = parse_dur)]
     pub prefill_per_token: Duration,
@@ -459,10 +463,14 @@ pub fn main(a: SimArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return usage(e),
     };
+    let (slots, slots_from) = config
+        .model(&model)
+        .map(|m| header::slots_per_replica(a.concurrency, m))
+        .unwrap_or((header::DEFAULT_SLOTS, header::SlotsFrom::Default));
     let mut setup = match Setup::new(
         config,
         &model,
-        a.concurrency,
+        slots,
         a.cold_start,
         a.promotion_delay,
         a.warmup,
@@ -472,10 +480,13 @@ pub fn main(a: SimArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     setup.params.decisions = a.decisions;
+    if let Some(why) = header::nothing_measured(&w, &setup) {
+        return usage(why);
+    }
     let started = std::time::Instant::now();
     let (report, runs) = simulate(&setup, &w, &policies);
     let elapsed = started.elapsed();
-    let notes = notes(&setup, &w);
+    let notes = header::notes(&setup, &w, slots_from);
     if let Some(path) = &a.plot {
         let series: Vec<plot::Series> = runs
             .iter()
@@ -504,6 +515,8 @@ pub fn main(a: SimArgs) -> ExitCode {
             "{}",
             serde_json::to_string(&report).expect("a report serialises")
         );
+        // The header is not part of the JSON: what it says beyond the JSON's fields, on stderr.
+        eprintln!("{}", notes[1]);
         if let Some(attr) = &w.attribution {
             eprintln!("trace: {attr}");
         }
@@ -540,36 +553,4 @@ pub fn main(a: SimArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
-}
-
-/// The lines that say what was simulated (text output, plot footer).
-pub fn notes(setup: &Setup, w: &Workload) -> Vec<String> {
-    let p = &setup.params;
-    let m = setup.config.model(&setup.model).expect("checked");
-    let pool = match m.scaling.warm_pool {
-        WarmPool::Fixed(n) => n.to_string(),
-        WarmPool::Auto => "auto".into(),
-    };
-    let mut v = vec![
-        format!("scenario {}: {}", w.name, w.description),
-        format!(
-            "model {}: {} slots per replica, cold start {}, promotion delay {}, target wait {}, \
-             min {}, max {}, warm pool {} (hearth; 0 for hearth-nopool and the baselines); \
-             figures from {} on",
-            setup.model,
-            p.concurrency,
-            workload::fmt_secs(p.cold_start),
-            workload::fmt_secs(p.promotion),
-            workload::fmt_secs(p.target_wait),
-            p.min,
-            p.max,
-            pool,
-            workload::fmt_secs(p.warmup)
-        ),
-        setup.target_notes(),
-    ];
-    if let Some(a) = &w.attribution {
-        v.push(format!("trace: {a}"));
-    }
-    v
 }

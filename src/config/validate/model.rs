@@ -199,6 +199,7 @@ impl Cx<'_> {
             start_alone: raw.start_alone.map(Spanned::into_inner).unwrap_or(true),
             priority: raw.priority.map(Spanned::into_inner).unwrap_or(0),
             slots,
+            slots_declared: raw.slots.is_some(),
             stop_grace,
             liveness,
             signal,

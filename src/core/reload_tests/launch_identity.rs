@@ -144,6 +144,8 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         start_alone,
         priority,
         slots,
+        // Where `slots` came from: read by the simulator only, no effect on replicas.
+        slots_declared: _,
         stop_grace,
         liveness,
         signal,

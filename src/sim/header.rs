@@ -1,0 +1,95 @@
+//! What a run says about itself before its figures: where its slots per replica came from, the
+//! lines of the header (text output, Markdown, plot footer), and the refusal of a run that would
+//! measure nothing.
+
+use crate::config::{ModelConfig, WarmPool};
+
+use super::workload::{self, Workload};
+use super::{report, Setup};
+
+/// Slots per replica when neither `--concurrency` nor the model's `slots` says.
+pub const DEFAULT_SLOTS: u32 = 8;
+
+/// Where a run's slots per replica (`--concurrency`) came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotsFrom {
+    /// `--concurrency N`.
+    Flag,
+    /// The model's `slots` in the configuration file.
+    Model,
+    /// Neither: `DEFAULT_SLOTS`.
+    Default,
+}
+
+impl SlotsFrom {
+    fn says(self) -> &'static str {
+        match self {
+            SlotsFrom::Flag => "--concurrency",
+            SlotsFrom::Model => "the model's `slots`",
+            SlotsFrom::Default => "default: the model sets no `slots`",
+        }
+    }
+}
+
+/// Slots per replica: `--concurrency` where given, else the model's `slots` where the file sets
+/// them, else `DEFAULT_SLOTS`.
+pub fn slots_per_replica(flag: Option<u32>, m: &ModelConfig) -> (u32, SlotsFrom) {
+    match flag {
+        Some(n) => (n, SlotsFrom::Flag),
+        None if m.slots_declared => (m.slots, SlotsFrom::Model),
+        None => (DEFAULT_SLOTS, SlotsFrom::Default),
+    }
+}
+
+/// Why the run would measure nothing, if it would: the figures count only requests that arrive
+/// after the warm-up, so a workload that ends before it gives a table of zeros.
+pub fn nothing_measured(w: &Workload, setup: &Setup) -> Option<String> {
+    let warmup = setup.params.warmup;
+    if report::measured(w, warmup).next().is_some() {
+        return None;
+    }
+    Some(match w.requests.last() {
+        None => format!("workload {} has no requests: nothing to measure", w.name),
+        Some(last) => format!(
+            "nothing to measure: the last request of {} arrives at {}, before the warm-up ends \
+             at {} (--warmup; the figures count only requests that arrive after it): give a \
+             shorter --warmup or a longer workload",
+            w.name,
+            workload::fmt_secs(last.t),
+            workload::fmt_secs(warmup)
+        ),
+    })
+}
+
+/// The lines that say what was simulated (text output, plot footer).
+pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> {
+    let p = &setup.params;
+    let m = setup.config.model(&setup.model).expect("checked");
+    let pool = match m.scaling.warm_pool {
+        WarmPool::Fixed(n) => n.to_string(),
+        WarmPool::Auto => "auto".into(),
+    };
+    let mut v = vec![
+        format!("scenario {}: {}", w.name, w.description),
+        format!(
+            "model {}: {} slots per replica ({}), cold start {}, promotion delay {}, target \
+             wait {}, min {}, max {}, warm pool {} (hearth; 0 for hearth-nopool and the \
+             baselines); figures from {} on",
+            setup.model,
+            p.concurrency,
+            slots_from.says(),
+            workload::fmt_secs(p.cold_start),
+            workload::fmt_secs(p.promotion),
+            workload::fmt_secs(p.target_wait),
+            p.min,
+            p.max,
+            pool,
+            workload::fmt_secs(p.warmup)
+        ),
+        setup.target_notes(),
+    ];
+    if let Some(a) = &w.attribution {
+        v.push(format!("trace: {a}"));
+    }
+    v
+}
