@@ -24,6 +24,7 @@
 //! `validate` turns them into the typed [`Config`] below; `placeholders` expands templates.
 
 mod defaults;
+mod duplicate;
 mod placeholders;
 mod raw;
 mod validate;

@@ -173,6 +173,13 @@ pub(super) fn read(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
     // The document alone tells a syntax error (no document) from a schema error (a document
     // whose key or value at the reported position does not fit).
     let (key, message) = match DeTable::parse(text) {
+        // toml names neither the key nor its table: the path is read off the text.
+        Err(syntax) if syntax.message().trim() == "duplicate key" => (
+            syntax
+                .span()
+                .map(|s| super::duplicate::key_path(text, s.start, s.end)),
+            "duplicate key: it is already set above (TOML allows each key once)".to_string(),
+        ),
         Err(syntax) => (
             None,
             format!("TOML syntax error: {}", syntax.message().trim()),

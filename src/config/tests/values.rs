@@ -676,9 +676,58 @@ fn serde_errors_inside_inline_tables_and_arrays_name_the_key() {
     let text = format!("{}[model.scaling]\nmin = -1\n", model("a"));
     let m = fails(&text, "model[0].scaling.min", line_of(&text, "min", 0));
     assert!(m.contains("-1"), "{m}");
-    // A duplicate key is a syntax error at the second one.
-    let m = fails("[daemon]\ntick = \"1s\"\ntick = \"2s\"\n", "-", 3);
-    assert!(m.contains("duplicate"), "{m}");
+    // A duplicate key is a syntax error at the second one, named with its table.
+    let m = fails("[daemon]\ntick = \"1s\"\ntick = \"2s\"\n", "daemon.tick", 3);
+    assert!(m.contains("duplicate key"), "{m}");
+}
+
+/// A key given twice is named whole, as every other error names keys: its table, an array of
+/// tables' index, dotted keys and inline tables included (issue 24, item 10).
+#[test]
+fn a_duplicate_key_is_named_with_its_path_and_line() {
+    let two = format!("{}{}", model("a"), model("b"));
+    let cases = [
+        (
+            "[daemon]\ntick = \"1s\"\ntick = \"2s\"\n".to_string(),
+            "daemon.tick",
+            3,
+        ),
+        ("[daemon]\n[gpus]\n[daemon]\n".to_string(), "daemon", 3),
+        (format!("{two}name = \"c\"\n"), "model[1].name", 9),
+        (
+            format!("{}[model.scaling]\nmin = 1\nmin = 2\n", model("a")),
+            "model[0].scaling.min",
+            7,
+        ),
+        (
+            format!("{}[model.warmup]\nurl = \"x\"\n", model("a")),
+            "model[0].warmup",
+            5,
+        ),
+        (
+            format!(
+                "{}env = {{ A = \"1\", B = \"2\", A = \"3\" }}\n",
+                model("a")
+            ),
+            "model[0].env.A",
+            5,
+        ),
+        (
+            "[daemon]\n\"tick\" = \"1s\"\n'tick' = \"2s\"\n".to_string(),
+            "daemon.tick",
+            3,
+        ),
+        (
+            "[gpus]\n[[gpus.device]]\nuuid = \"a\"\n[[gpus.device]]\nuuid = \"b\"\nuuid = \"c\"\n"
+                .to_string(),
+            "gpus.device[1].uuid",
+            6,
+        ),
+    ];
+    for (text, key, line) in cases {
+        let m = fails(&text, key, line);
+        assert!(m.contains("duplicate key"), "{key}: {m}");
+    }
 }
 
 #[test]
