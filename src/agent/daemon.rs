@@ -159,7 +159,7 @@ impl Daemon {
                 "replicas die with the daemon (PDEATHSIG): without a cgroup the next run could not find them"
             ),
         }
-        let logs = ReplicaLogs::choose(&state_dir);
+        let logs = ReplicaLogs::choose(&state_dir)?;
         tracing::info!("{}", logs.describe());
         super::replica_log::start_rotator(logs.clone(), containment.clone());
 
@@ -173,7 +173,8 @@ impl Daemon {
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
-        let accounts = Accounts::resolve();
+        // main.rs made the default account, where the host lacked it.
+        let accounts = Accounts::lookup();
         accounts.open_socket_to_replicas(&socket_path);
         let access =
             Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));
