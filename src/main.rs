@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use hearth::agent::{
     account::Accounts, control, daemon::Daemon, inventory, logging, metrics, notify::Notifier,
-    paths, reach,
+    paths, reach, replica_log::ReplicaLogs,
 };
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::Checks;
@@ -128,6 +128,7 @@ fn daemon(path: &Path) -> ExitCode {
         }
         // Before anything is created there: a directory another user could write in is refused.
         paths::secure_dir(&config.daemon.state_dir, 0o700, "daemon.state_dir")?;
+        let logs = ReplicaLogs::choose(&config.daemon.state_dir)?;
         // After `hearth upgrade`, the previous binary's listening socket, still open: clients
         // that connected during the exec are answered, nobody sees the socket missing.
         let listener = match hearth::agent::upgrade::inherited_listener() {
@@ -176,6 +177,7 @@ fn daemon(path: &Path) -> ExitCode {
             notifier: Notifier::from_env(),
             log,
             fault,
+            logs,
         };
         daemon
             .run(listener, metrics_listener, stop_rx, hup_rx)

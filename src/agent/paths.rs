@@ -219,6 +219,35 @@ mod tests {
         secure_dir(&d, 0o700, "state_dir").unwrap();
         assert!(d.is_dir());
         assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        // What was made above it is searchable by every account: a socket beside a private
+        // state_dir stays reachable for replicas of another account.
+        for above in [t.path().join("a"), t.path().join("a/b")] {
+            let mode = std::fs::metadata(&above).unwrap().mode() & 0o777;
+            assert_eq!(mode, 0o755, "{}", above.display());
+        }
+    }
+
+    #[test]
+    fn a_shared_sticky_directory_gets_a_private_directory_suggested_never_a_chmod() {
+        let like_tmp = tempfile::tempdir().unwrap();
+        chmod(like_tmp.path(), 0o1777);
+        for shared in [Path::new("/tmp"), like_tmp.path()] {
+            let e = secure_dir(shared, 0o755, "socket directory")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a directory of its own"), "{e}");
+            assert!(!e.contains("chmod"), "advice that breaks the machine: {e}");
+        }
+        // A directory of one's own that others may write in: either way out is offered.
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("mine");
+        std::fs::create_dir(&d).unwrap();
+        chmod(&d, 0o777);
+        let e = secure_dir(&d, 0o700, "state_dir").unwrap_err().to_string();
+        assert!(
+            e.contains("a directory of its own") && e.contains("chmod o-w"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl ReplicaLogs {
         let dir = state_dir.join("logs");
         let at = Dir::open(state_dir)
             .and_then(|s| s.subdir("logs", 0o750))
-            .map_err(|e| std::io::Error::other(format!("{}: {e}", state_dir.display())))?;
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", dir.display())))?;
         Ok(ReplicaLogs::Files {
             dir,
             at: Arc::new(at),

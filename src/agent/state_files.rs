@@ -64,9 +64,18 @@ impl Dir {
             OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| refused(name, e))?;
+        .map_err(|e| match e {
+            // O_DIRECTORY | O_NOFOLLOW on a link says ENOTDIR: say which it is.
+            Errno::ENOTDIR if self.is_link(name) => refused(Errno::ELOOP),
+            e => refused(e),
+        })?;
         fchmod(&fd, Mode::from_bits_truncate(mode))?;
         Ok(Dir { fd })
+    }
+
+    fn is_link(&self, name: &str) -> bool {
+        fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
     }
 
     /// The text of the regular file `name`, at most `max` bytes; None when there is none.
@@ -79,7 +88,7 @@ impl Dir {
         ) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => return Ok(None),
-            Err(e) => return Err(refused(name, e)),
+            Err(e) => return Err(refused(e)),
         };
         let file = File::from(fd);
         let meta = file.metadata()?;
@@ -132,7 +141,7 @@ impl Dir {
                 | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(mode),
         )
-        .map_err(|e| refused(name, e))?;
+        .map_err(refused)?;
         Ok(File::from(fd))
     }
 
@@ -145,7 +154,7 @@ impl Dir {
             OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| refused(name, e))?;
+        .map_err(refused)?;
         let mut src = File::from(src);
         if !src.metadata()?.is_file() {
             return Err(std::io::Error::other("not a regular file"));
@@ -201,14 +210,11 @@ impl Dir {
     }
 }
 
-/// An open that `O_NOFOLLOW` stopped says so; other errors as they are.
-fn refused(name: impl AsRef<OsStr>, e: Errno) -> std::io::Error {
+/// An open that `O_NOFOLLOW` stopped says so; other errors as they are. (The caller names the
+/// path.)
+fn refused(e: Errno) -> std::io::Error {
     match e {
-        Errno::ELOOP => std::io::Error::other(format!(
-            "{}: {NOT_FOLLOWED}",
-            name.as_ref().to_string_lossy()
-        )),
-        // O_DIRECTORY | O_NOFOLLOW on a link says ENOTDIR on some kernels.
+        Errno::ELOOP => std::io::Error::other(NOT_FOLLOWED),
         e => e.into(),
     }
 }
