@@ -119,9 +119,10 @@ fn daemon(path: &Path) -> ExitCode {
             Some(addr) => Some(metrics::bind(addr).await?),
             None => None,
         };
-        // Models without `user` run as the default account: a root daemon makes it where the
-        // host lacks it (never a shared account such as nobody), before anything is created.
-        match Accounts::lookup().ensure_default() {
+        // Models without `user` run as the default account: a root daemon with such a model
+        // makes it where the host lacks it (never a shared account such as nobody), before
+        // anything is created.
+        match Accounts::lookup().ensure_for(&config) {
             Ok(Some(made)) => tracing::info!("{made}"),
             Ok(None) => {}
             Err(e) => anyhow::bail!(e),

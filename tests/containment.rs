@@ -420,6 +420,27 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
     }
 }
 
+/// A root daemon whose every model names its account makes no account (on a private /etc
+/// without hearth's, as on a fresh machine).
+#[test]
+fn a_root_daemon_whose_models_all_name_their_account_makes_none() {
+    let Some(fresh) = FreshAccounts::new() else {
+        return;
+    };
+    let d = Daemon::builder()
+        .model(Model::toy("admin", &[]).scale(1, 1, 0).user("root"))
+        .wrapper(
+            &fresh
+                .wrapper()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .start();
+    d.wait_settled("admin", 1, 0, Duration::from_secs(30));
+    assert_eq!(fresh.account("hearth"), None, "{}", d.log());
+}
+
 /// A program in a directory only root may enter (0700), for a model without `user`: the
 /// daemon refuses to start (check-config's refusal: tests/check_config.rs). Started while the
 /// directory was open and closed later, the starts fail: the model is `unavailable` (nothing

@@ -47,6 +47,15 @@ impl Accounts {
         }
     }
 
+    /// Makes sure the default account exists where `config` has a model without `user` (a
+    /// host whose models all name their account gets none): see `ensure_default`.
+    pub fn ensure_for(&self, config: &crate::config::Config) -> Result<Option<String>, String> {
+        if config.models.iter().all(|m| m.launch.user.is_some()) {
+            return Ok(None);
+        }
+        self.ensure_default()
+    }
+
     /// Makes sure the default account exists, creating it where a root daemon finds none: as
     /// `systemd-sysusers` applies systemd/hearth.sysusers, or with `useradd --system` where
     /// that tool is absent. Returns what it did, for the log; an error if the account is still

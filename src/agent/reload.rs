@@ -97,7 +97,18 @@ pub fn start_read(
     tracker.spawn(async move {
         let reading = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || read(&path)
+            let socket = fixed.daemon.socket.clone();
+            move || {
+                let config = read(&path)?;
+                // A model without `user` new in this file: its account is made now (once made,
+                // the socket gets its group, as at start), or the reload fails.
+                let accounts = super::account::Accounts::lookup();
+                if let Some(made) = accounts.ensure_for(&config)? {
+                    tracing::info!("{made}");
+                    accounts.open_socket_to_replicas(&socket);
+                }
+                Ok(config)
+            }
         });
         let read = match tokio::time::timeout(READ_TIMEOUT, reading).await {
             Ok(Ok(read)) => read,
