@@ -7,10 +7,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use hearth::agent::{
-    control, daemon::Daemon, inventory, logging, metrics, notify::Notifier, paths,
+    account::Accounts, control, daemon::Daemon, inventory, logging, metrics, notify::Notifier,
+    paths, reach, replica_log::ReplicaLogs,
 };
 use hearth::cli::{client_verb, Cli, Command};
-use hearth::config::{Checks, Config};
+use hearth::config::Checks;
 
 fn main() -> ExitCode {
     let cli = Cli::parse_args();
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
 
 /// `hearth check-config`: what the daemon would accept (less the programs, with `--no-binaries`).
 fn check_config(file: &Path, checks: Checks) -> ExitCode {
-    match Config::load_with(file, checks) {
+    match reach::load(file, checks) {
         Ok(cfg) => {
             let unchecked = if checks < Checks::Host {
                 "; commands not looked up"
@@ -74,7 +75,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Validates everything before starting anything: a bad file or an unusable inventory exits 1
 /// with nothing spawned and no socket bound.
 fn daemon(path: &Path) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match reach::load(path, Checks::Host) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hearth: {e}");
@@ -118,8 +119,17 @@ fn daemon(path: &Path) -> ExitCode {
             Some(addr) => Some(metrics::bind(addr).await?),
             None => None,
         };
+        // Models without `user` run as the default account: a root daemon with such a model
+        // makes it where the host lacks it (never a shared account such as nobody), before
+        // anything is created.
+        match Accounts::lookup().ensure_for(&config) {
+            Ok(Some(made)) => tracing::info!("{made}"),
+            Ok(None) => {}
+            Err(e) => anyhow::bail!(e),
+        }
         // Before anything is created there: a directory another user could write in is refused.
         paths::secure_dir(&config.daemon.state_dir, 0o700, "daemon.state_dir")?;
+        let logs = ReplicaLogs::choose(&config.daemon.state_dir)?;
         // After `hearth upgrade`, the previous binary's listening socket, still open: clients
         // that connected during the exec are answered, nobody sees the socket missing.
         let listener = match hearth::agent::upgrade::inherited_listener() {
@@ -168,6 +178,7 @@ fn daemon(path: &Path) -> ExitCode {
             notifier: Notifier::from_env(),
             log,
             fault,
+            logs,
         };
         daemon
             .run(listener, metrics_listener, stop_rx, hup_rx)

@@ -1,6 +1,7 @@
 //! `hearth check-config` and the daemon's start refuse what cannot run, as the binary says it:
-//! a missing program (unless `--no-binaries`), an empty file. Every shipped file passes as CI
-//! checks it.
+//! a missing program (unless `--no-binaries`), an empty file, a program or a socket the
+//! replicas' account cannot reach (as root), a socket in a directory every user shares. Every
+//! shipped file passes as CI checks it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -35,6 +36,20 @@ fn run(cmd: &mut Command, limit: Duration) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// 1-based line of the first line of `text` that starts with `prefix`.
+fn line_of(text: &str, prefix: &str) -> usize {
+    1 + text.lines().position(|l| l.starts_with(prefix)).unwrap()
 }
 
 /// A valid daemon configuration in `dir` for one toy-like model started by `program`.
@@ -85,7 +100,9 @@ fn check_config_looks_up_programs_unless_told_not_to() {
         "says what it skipped: {said}"
     );
 
-    // The real program by its path passes the full check.
+    // The real program by its path passes the full check (its directory searchable by the
+    // account replicas run as, as the socket there must be).
+    chmod(dir.path(), 0o755);
     std::fs::write(&file, config(dir.path(), HEARTH)).unwrap();
     let out = run(
         Command::new(HEARTH).arg("check-config").arg(&file),
@@ -174,4 +191,153 @@ fn the_daemon_refuses_to_start_without_its_program_or_its_models() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// As root, a model without `user` runs as the unprivileged account hearth (made at start
+/// where the host lacks it): `check-config` and the daemon refuse a program or a socket that
+/// account cannot reach, naming the file, the line, the key and the directory in the way, and
+/// the daemon starts nothing. Each check is shown to pass once the directory is searchable.
+#[test]
+fn a_program_or_socket_the_replicas_account_cannot_reach_is_refused_naming_the_directory() {
+    if !is_root() {
+        eprintln!("note: not root: replicas run as the daemon's own user");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    chmod(top.path(), 0o755);
+    let private = top.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    chmod(&private, 0o700);
+    let program = private.join("server");
+    std::fs::hard_link(HEARTH, &program)
+        .or_else(|_| std::fs::copy(HEARTH, &program).map(drop))
+        .unwrap();
+    let file = top.path().join("hearth.toml");
+    let daemon_refuses = |key: &str, dir: &Path| {
+        let out = run(
+            Command::new(HEARTH)
+                .args(["daemon", "--config"])
+                .arg(&file)
+                .env_remove("NOTIFY_SOCKET"),
+            Duration::from_secs(30),
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(key) && err.contains(&format!("{} is not searchable", dir.display())),
+            "{err}"
+        );
+    };
+    // The program, in a directory only root may enter; the socket beside the file.
+    let contents = config(top.path(), &program.display().to_string());
+    std::fs::write(&file, &contents).unwrap();
+    let out = run(
+        Command::new(HEARTH).arg("check-config").arg(&file),
+        Duration::from_secs(30),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let at = format!(
+        "{}:{}: model[0].command[0]: ",
+        file.display(),
+        line_of(&contents, "command =")
+    );
+    assert!(err.starts_with(&at), "FILE:LINE: KEY: {err}");
+    assert!(
+        err.contains(&format!(
+            "{} is not searchable by hearth (mode 0700",
+            private.display()
+        )) && err.contains("user = \"root\""),
+        "names the directory and the way out: {err}"
+    );
+    daemon_refuses("model[0].command[0]", &private);
+    assert!(
+        !top.path().join("hearth.sock").exists(),
+        "nothing was bound"
+    );
+    assert!(!top.path().join("state").exists(), "nothing was made");
+
+    // The program reachable, the socket in the private directory.
+    let contents = config(&private, HEARTH).replacen(
+        &format!("state_dir = \"{}/state\"", private.display()),
+        &format!("state_dir = \"{}/state\"", top.path().display()),
+        1,
+    );
+    std::fs::write(&file, &contents).unwrap();
+    let out = run(
+        Command::new(HEARTH).arg("check-config").arg(&file),
+        Duration::from_secs(30),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let at = format!(
+        "{}:{}: daemon.socket: ",
+        file.display(),
+        line_of(&contents, "socket =")
+    );
+    assert!(err.starts_with(&at), "FILE:LINE: KEY: {err}");
+    assert!(
+        err.contains("replicas of model \"m\" run as hearth")
+            && err.contains(&format!(
+                "{} is not searchable by hearth",
+                private.display()
+            )),
+        "{err}"
+    );
+    daemon_refuses("daemon.socket", &private);
+    assert!(!private.join("hearth.sock").exists(), "nothing was bound");
+
+    // Searchable: both pass.
+    chmod(&private, 0o755);
+    let out = run(
+        Command::new(HEARTH).arg("check-config").arg(&file),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(&file, config(top.path(), &program.display().to_string())).unwrap();
+    let out = run(
+        Command::new(HEARTH).arg("check-config").arg(&file),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A socket in a directory every user may write in, sticky like /tmp, is refused, and the
+/// advice is a directory of its own: never to take /tmp's write permission away.
+#[test]
+fn a_socket_under_tmp_is_refused_with_a_private_directory_suggested() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hearth.toml");
+    let socket = format!("/tmp/hearth-test-{}.sock", std::process::id());
+    let contents = config(dir.path(), HEARTH).replacen(
+        &format!("socket = \"{}/hearth.sock\"", dir.path().display()),
+        &format!("socket = \"{socket}\""),
+        1,
+    );
+    assert!(contents.contains(&socket));
+    // The directory check is the daemon's own: the replicas run as this test's user.
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    let contents = contents.replace("gpus = 0\n", &format!("gpus = 0\nuser = \"{user}\"\n"));
+    std::fs::write(&file, contents).unwrap();
+    let out = run(
+        Command::new(HEARTH)
+            .args(["daemon", "--config"])
+            .arg(&file)
+            .env_remove("NOTIFY_SOCKET"),
+        Duration::from_secs(30),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("socket directory /tmp") && err.contains("a directory of its own"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("chmod"),
+        "advice that breaks the machine: {err}"
+    );
+    assert!(!Path::new(&socket).exists());
 }

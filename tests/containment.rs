@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use testkit::procs::{alive, cgroup, uid};
+use testkit::procs::{alive, cgroup, is_root, signal, uid};
 use testkit::status::{addr, id, pid};
 use testkit::*;
 
@@ -340,6 +340,10 @@ fn setsid_workers_die_with_their_replica_and_with_the_daemon() {
     workers_die(true, true);
 }
 
+/// On a machine without hearth's accounts (testkit runs a root daemon with a model on the
+/// default account on a private /etc without them: `FreshAccounts`), a root daemon makes the
+/// `hearth` account and says so; a model without `user` runs as it, never as a shared account
+/// such as `nobody`, and `user = "root"` as root.
 #[test]
 fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
     if !needs_root("a daemon that runs models as other accounts") {
@@ -350,18 +354,19 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
         .model(Model::toy("admin", &[]).scale(1, 1, 0).user("root"))
         .tick("100ms")
         .start();
-    let expected = match nix::unistd::User::from_name("hearth") {
-        Ok(Some(u)) => u.uid.as_raw(),
-        _ => 65534,
-    };
+    let fresh = d.fresh.as_ref().expect("a private /etc for a root daemon");
+    let (expected, expected_gid) = fresh
+        .account("hearth")
+        .unwrap_or_else(|| panic!("no account hearth was made:\n{}", d.log()));
+    assert_ne!(expected, 65534, "not nobody's uid");
+    assert!(
+        d.log().contains("no account \"hearth\": created it with"),
+        "says so: {}",
+        d.log()
+    );
     let toy = d.wait_settled("toy", 1, 0, Duration::from_secs(30));
     let r = &testkit::status::replicas_of(&toy)[0];
     assert_eq!(uid(pid(r)), Some(expected), "a model without `user`");
-    if expected == 65534 {
-        assert!(d
-            .log()
-            .contains("no account \"hearth\": models without `user` run as \"nobody\""));
-    }
     let admin = d.wait_settled("admin", 1, 0, Duration::from_secs(30));
     assert_eq!(
         uid(pid(&testkit::status::replicas_of(&admin)[0])),
@@ -373,7 +378,7 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
         m["signal"]["age_ms"].is_u64()
     });
     // ... and for nothing else: as the same account, from inside its cgroup or group but
-    // naming another replica, or asking for status.
+    // naming another replica, or asking for an admin's op.
     let other = id(&testkit::status::replicas_of(&admin)[0]);
     let inside = |args: &[&str]| -> CliOutput {
         let leader = pid(r);
@@ -387,7 +392,7 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
         // In the cgroup (by its own hand, as root), in a session of its own (not the group),
         // then as the replica's account.
         let script = format!(
-            "{join}exec setpriv --reuid={expected} --regid={expected} --clear-groups -- \"$@\""
+            "{join}exec setpriv --reuid={expected} --regid={expected_gid} --clear-groups -- \"$@\""
         );
         let mut cmd = std::process::Command::new("setsid");
         cmd.args(["sh", "-c", &script, "sh"])
@@ -407,54 +412,146 @@ fn a_root_daemon_runs_models_unprivileged_unless_they_ask_for_root() {
             !theirs.status.success() && theirs.stderr.contains("forbidden"),
             "{theirs:?}"
         );
-        let status = inside(&["status"]);
+        // Its account is in group hearth, which `[access] readers` names by default (as
+        // systemd/hearth.sysusers has it): it may read, and nothing more.
+        let scale = inside(&["scale", "admin", "--max", "1"]);
         assert!(
-            !status.status.success() && status.stderr.contains("forbidden"),
-            "{status:?}"
+            !scale.status.success() && scale.stderr.contains("forbidden"),
+            "{scale:?}"
         );
     }
 }
 
+/// A root daemon whose every model names its account makes no account (on a private /etc
+/// without hearth's, as on a fresh machine).
+#[test]
+fn a_root_daemon_whose_models_all_name_their_account_makes_none() {
+    let Some(fresh) = FreshAccounts::needed() else {
+        return;
+    };
+    let d = Daemon::builder()
+        .model(Model::toy("admin", &[]).scale(1, 1, 0).user("root"))
+        .wrapper(
+            &fresh
+                .wrapper()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .start();
+    d.wait_settled("admin", 1, 0, Duration::from_secs(30));
+    assert_eq!(fresh.account("hearth"), None, "{}", d.log());
+}
+
+/// A program in a directory only root may enter (0700), for a model without `user`: the
+/// daemon refuses to start (check-config's refusal: tests/check_config.rs). Started while the
+/// directory was open and closed later, the starts fail: the model is `unavailable` (nothing
+/// routed, none can be) with the directory named, until the crash loop trips.
 #[test]
 fn a_model_account_that_cannot_reach_its_program_is_said_plainly() {
     if !needs_root("a model account other than the test's") {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
+    let chmod = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
     let b = Daemon::builder();
     let private: PathBuf = b.dir().join("private");
     std::fs::create_dir(&private).unwrap();
     let program = private.join("server");
     std::fs::copy(hearth(), &program).unwrap();
-    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    chmod(&private, 0o700);
     let p = program.display().to_string();
-    let d = b
+    let mut d = b
         .model(
             Model::toy("toy", &[])
                 .command(&[&p, "toy-server", "--port", "{port}"])
                 .scale(1, 1, 0)
                 .default_account(),
         )
-        .start();
-    let m = d.wait_model("toy", "the reason", Duration::from_secs(20), |m| {
-        m["health_reason"]
-            .as_str()
-            .is_some_and(|s| s.contains("cannot execute"))
-            || testkit::status::replicas_of(m).iter().any(|r| {
-                r["reason"]
+        .tick("100ms")
+        .spawn();
+    let status = d
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the daemon started:\n{}", d.log()));
+    let log = d.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("{} is not searchable by", private.display()))
+            && log.contains("user = \"root\""),
+        "names the directory and says how to run it as root: {log}"
+    );
+    assert!(!d.socket.exists(), "nothing was bound");
+
+    // Open at start, closed later: the replica's next start fails.
+    chmod(&private, 0o755);
+    d.restart();
+    d.wait_settled("toy", 1, 0, Duration::from_secs(30));
+    assert_eq!(d.model("toy")["health"], "ok");
+    chmod(&private, 0o700);
+    signal(pid(&d.replicas("toy")[0]), Signal::SIGKILL);
+    let blocked = format!("{} is not searchable by", private.display());
+    let m = d.wait_model(
+        "toy",
+        "unavailable, naming the directory",
+        Duration::from_secs(30),
+        |m| {
+            m["health"] == "unavailable"
+                && m["health_reason"]
                     .as_str()
-                    .is_some_and(|s| s.contains("cannot execute"))
-            })
+                    .is_some_and(|s| s.contains(&blocked))
+        },
+    );
+    assert_eq!(m["routed"], 0);
+    // It stays so while starts keep failing (health says what the replicas wait for), and
+    // turns to crash_loop once enough have failed.
+    let m = d.wait_model("toy", "the back-off named", Duration::from_secs(30), |m| {
+        m["health"] == "unavailable"
+            && m["health_reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("restart back-off"))
     });
-    let text = m.to_string();
+    eprintln!("{}", m["health_reason"]);
+}
+
+/// Every port of `daemon.ports` held by other processes: nothing can start, and health says
+/// the model is `unavailable` (not `ok`) and why.
+#[test]
+fn a_model_whose_every_port_is_taken_is_unavailable() {
+    let b = Daemon::builder()
+        .model(Model::toy("toy", &[]).scale(1, 2, 0))
+        .tick("100ms")
+        .ports(2);
+    let (home, launch) = b.prepare();
+    let (first, last) = home.ports;
+    let mut squatters: Vec<_> = (first..=last)
+        .map(|p| home.squatter(&p.to_string()))
+        .collect();
+    for p in first..=last {
+        wait_until("the squatter listens", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", p))
+                .ok()
+                .map(drop)
+        });
+    }
+    let d = launch.start(home);
+    let m = d.wait_model("toy", "unavailable", Duration::from_secs(20), |m| {
+        m["health"] == "unavailable"
+    });
+    let why = m["health_reason"].as_str().unwrap();
     assert!(
-        text.contains(&format!("{} is not searchable by", private.display())),
-        "{text}"
+        why.contains("no free port") || why.contains("is in use by"),
+        "{m}"
     );
-    assert!(
-        text.contains("user = \\\"root\\\""),
-        "says how to run it as root: {text}"
+    assert_eq!(
+        (m["routed"].as_u64(), m["warm"].as_u64()),
+        (Some(0), Some(0))
     );
+    for s in &mut squatters {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! The daemon process itself: orderly shutdown on SIGTERM, no orphans after SIGKILL where
-//! replicas have no cgroup, and configuration errors that stop it before anything starts.
+//! replicas have no cgroup, configuration errors that stop it before anything starts, and the
+//! README's quick start as written, by root, with unprivileged replicas that all report.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use testkit::procs::{alive, group_members};
+use testkit::procs::{alive, group_members, signal};
 use testkit::status::pid;
 use testkit::*;
 
@@ -210,4 +211,86 @@ fn a_bad_config_exits_1_naming_the_line_and_starts_nothing() {
         marker.exists().then_some(())
     });
     assert!(d.running());
+}
+
+/// The README's quick start as written (`hearth daemon --config config.toml.example` from a
+/// fresh clone, its `target/release` on PATH), run by root on a machine without hearth's
+/// accounts: the daemon makes the `hearth` account and says so, the replicas run as it, are
+/// told an absolute `HEARTH_SOCKET`, and every one of them reports for itself (its log says
+/// nothing about its reports: no "Permission denied"); `hearth status` answers as the README
+/// runs it; one SIGTERM stops it in order, without drains waiting out their timeout.
+#[test]
+fn the_quick_start_as_written_by_root_gets_reports_from_every_unprivileged_replica() {
+    let Some(fresh) = FreshAccounts::needed() else {
+        eprintln!("note: not root: replicas run as the test's own account");
+        return;
+    };
+    let co = Checkout::new();
+    let mut daemon = co.daemon(
+        &fresh.wrapper(),
+        &[("HEARTH_REPLICA_LOGS", "files"), ("RUST_LOG", "info")],
+    );
+    let model = wait_until("2 routed + 1 warm", Duration::from_secs(60), || {
+        if let Ok(Some(st)) = daemon.try_wait() {
+            panic!("the daemon exited ({st}):\n{}", co.log());
+        }
+        let out = co.cli(&["status", "--json"]);
+        let st: Value = serde_json::from_str(&out.stdout).ok()?;
+        let m = st["models"][0].clone();
+        (m["routed"] == 2 && m["warm"] == 1).then_some(m)
+    });
+    let (hearth_uid, _) = fresh
+        .account("hearth")
+        .unwrap_or_else(|| panic!("no account hearth was made:\n{}", co.log()));
+    assert!(
+        co.log().contains("no account \"hearth\": created it with"),
+        "{}",
+        co.log()
+    );
+    let socket = co.socket().display().to_string();
+    let replicas = testkit::status::replicas_of(&model);
+    for r in &replicas {
+        let p = pid(r);
+        assert_eq!(testkit::procs::uid(p), Some(hearth_uid), "{r}");
+        assert_eq!(
+            testkit::procs::env_var(p, "HEARTH_SOCKET").as_deref(),
+            Some(socket.as_str()),
+            "the absolute socket path"
+        );
+    }
+    // Reports every 200 ms from each since it loaded; a failed connection or a refused report
+    // is logged by the replica (once per distinct message).
+    wait_until("the replicas' own reports", Duration::from_secs(10), || {
+        let out = co.cli(&["status", "toy", "--json"]);
+        let st: Value = serde_json::from_str(&out.stdout).ok()?;
+        st["models"][0]["signal"]["age_ms"]
+            .as_u64()
+            .filter(|age| *age < 1000)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let logs = co.path().join("target/hearth-example/state/logs");
+    for r in &replicas {
+        let id = r["id"].as_str().unwrap();
+        let text = std::fs::read_to_string(logs.join(format!("{id}.log")))
+            .unwrap_or_else(|e| panic!("{id}'s log: {e}"));
+        assert!(
+            !text.contains("Permission denied") && !text.contains("toy-server: report:"),
+            "{id} could not report:\n{text}"
+        );
+    }
+    let shown = co.cli(&["status"]);
+    assert!(
+        shown.status.success() && shown.stdout.contains("toy"),
+        "{shown:?}"
+    );
+    signal(daemon.id() as i32, Signal::SIGTERM);
+    let asked = Instant::now();
+    let status = poll(Duration::from_secs(40), || daemon.try_wait().ok().flatten())
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", co.log()));
+    let took = asked.elapsed();
+    eprintln!("SIGTERM → exit in {took:?}");
+    assert_eq!(status.code(), Some(0), "{}", co.log());
+    // Drains end once the replicas report nothing in flight; without reports each would wait
+    // out its deadline (20 s here: shutdown_timeout less stop_grace).
+    assert!(took < Duration::from_secs(15), "{took:?}:\n{}", co.log());
 }

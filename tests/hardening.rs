@@ -97,6 +97,56 @@ fn a_planted_temporary_symlink_in_state_dir_is_never_followed_by_scale() {
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
 }
 
+/// Links planted in state_dir are never followed: a `logs` link to another directory stops the
+/// start before the socket is bound (its target is neither chmod'ed nor written in), and a
+/// `replicas.json` link to a file is not read through (the ledger is not used) and is replaced,
+/// not written through, when the daemon saves its ledger.
+#[test]
+fn links_planted_in_state_dir_are_never_followed() {
+    let b = Daemon::builder()
+        .model(Model::toy("toy", &[]).scale(1, 2, 0))
+        .env("HEARTH_REPLICA_LOGS", "files");
+    let state = b.dir().join("state");
+    std::fs::create_dir(&state).unwrap();
+    chmod(&state, 0o700);
+    let victim = b.dir().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    chmod(&victim, 0o700);
+    std::os::unix::fs::symlink(&victim, state.join("logs")).unwrap();
+    let secret = b.dir().join("secret.json");
+    std::fs::write(&secret, "precious").unwrap();
+    std::os::unix::fs::symlink(&secret, state.join("replicas.json")).unwrap();
+    let (home, launch) = b.prepare();
+    let mut d = launch.spawn(home);
+    let log = refused(&mut d);
+    assert!(
+        log.contains("logs: a symlink") && log.contains("does not follow links"),
+        "{log}"
+    );
+    let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the link's target was chmod'ed");
+    assert_eq!(
+        std::fs::read_dir(&victim).unwrap().count(),
+        0,
+        "nothing was written in the link's target"
+    );
+    // Without the `logs` link the daemon runs; its ledger replaces the other link.
+    std::fs::remove_file(state.join("logs")).unwrap();
+    d.restart();
+    d.wait_settled("toy", 1, 0, Duration::from_secs(30));
+    assert!(
+        d.log().contains("replicas.json: a symlink"),
+        "the ledger is not read through the link: {}",
+        d.log()
+    );
+    wait_until("the ledger saved", Duration::from_secs(10), || {
+        let meta = std::fs::symlink_metadata(state.join("replicas.json")).ok()?;
+        meta.is_file().then_some(())
+    });
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious");
+    assert!(state.join("logs").is_dir() && !state.join("logs").is_symlink());
+}
+
 #[test]
 fn scale_is_bounded_by_the_ports_reset_clears_it_and_a_bad_saved_file_is_kept_aside() {
     let b = Daemon::builder()

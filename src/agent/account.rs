@@ -1,18 +1,26 @@
 //! Which account a model's server runs as. A daemon running as root never runs a server as root
-//! unless the model says `user = "root"`: a model without `user` runs as the unprivileged
-//! `hearth` account (systemd/hearth.sysusers), or as `nobody` where that account does not exist.
-//! A daemon that is not root runs every server as itself (it could not switch anyway).
+//! unless the model says `user = "root"`, nor as an account other processes share (`nobody`:
+//! any process of it could take a replica's connected socket with pidfd_getfd and report as
+//! the replica): a model without `user` runs as the unprivileged `hearth` account
+//! (systemd/hearth.sysusers), which a root daemon creates at start if the host lacks it. A
+//! daemon that is not root runs every server as itself (it could not switch anyway).
 
 use std::ffi::CString;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use nix::unistd::{Gid, Uid, User};
+use nix::unistd::{Gid, Group, Uid, User};
+
+use super::reach::Who;
 
 /// The account a model without `user` runs as when the daemon is root.
 pub const DEFAULT_ACCOUNT: &str = "hearth";
-/// Where that account does not exist.
-pub const FALLBACK_ACCOUNT: &str = "nobody";
+/// The file that declares it, applied as installing it would.
+const SYSUSERS: &str = include_str!("../../systemd/hearth.sysusers");
+/// How long creating the account may take before it is given up.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct Accounts {
@@ -21,23 +29,14 @@ pub struct Accounts {
 }
 
 impl Accounts {
-    /// Looks the default account up once, at start; warns if it has to fall back.
-    pub fn resolve() -> Accounts {
-        if !Uid::effective().is_root() {
-            return Accounts { default: None };
-        }
-        if matches!(User::from_name(DEFAULT_ACCOUNT), Ok(Some(_))) {
-            return Accounts {
-                default: Some(DEFAULT_ACCOUNT.into()),
-            };
-        }
-        tracing::warn!(
-            "no account {DEFAULT_ACCOUNT:?}: models without `user` run as {FALLBACK_ACCOUNT:?}. Create it \
-             with `systemd-sysusers systemd/hearth.sysusers` (installed as /usr/lib/sysusers.d/hearth.conf) \
-             or `useradd --system --no-create-home --shell /usr/sbin/nologin {DEFAULT_ACCOUNT}`, then restart hearth"
-        );
+    /// The accounts as this process would run models, without changing anything on the host:
+    /// for `check-config`, the checks at start (before the default account is made) and
+    /// reloads.
+    pub fn lookup() -> Accounts {
         Accounts {
-            default: Some(FALLBACK_ACCOUNT.into()),
+            default: Uid::effective()
+                .is_root()
+                .then(|| DEFAULT_ACCOUNT.to_string()),
         }
     }
 
@@ -45,6 +44,47 @@ impl Accounts {
     pub fn with_default(default: Option<&str>) -> Accounts {
         Accounts {
             default: default.map(String::from),
+        }
+    }
+
+    /// Makes sure the default account exists where `config` has a model without `user` (a
+    /// host whose models all name their account gets none): see `ensure_default`.
+    pub fn ensure_for(&self, config: &crate::config::Config) -> Result<Option<String>, String> {
+        if config.models.iter().all(|m| m.launch.user.is_some()) {
+            return Ok(None);
+        }
+        self.ensure_default()
+    }
+
+    /// Makes sure the default account exists, creating it where a root daemon finds none: as
+    /// `systemd-sysusers` applies systemd/hearth.sysusers, or with `useradd --system` where
+    /// that tool is absent. Returns what it did, for the log; an error if the account is still
+    /// missing (models without `user` could not run: the daemon does not start).
+    pub fn ensure_default(&self) -> Result<Option<String>, String> {
+        let Some(name) = &self.default else {
+            return Ok(None);
+        };
+        if let Ok(Some(_)) = User::from_name(name) {
+            return Ok(None);
+        }
+        let how = create(name);
+        match (User::from_name(name), how) {
+            (Ok(Some(u)), Ok(how)) => Ok(Some(format!(
+                "no account {name:?}: created it with {how}, as systemd/hearth.sysusers \
+                 declares it (uid {}, gid {}); models without `user` run as {name}",
+                u.uid, u.gid
+            ))),
+            // Made meanwhile by someone else (another daemon starting beside this one).
+            (Ok(Some(_)), Err(_)) => Ok(None),
+            (_, Err(e)) => Err(format!(
+                "no account {name:?}, which models without `user` run as, and creating it \
+                 failed: {e}. Create it with `systemd-sysusers systemd/hearth.sysusers` \
+                 (installed as /usr/lib/sysusers.d/hearth.conf) or `useradd --system \
+                 --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin {name}`"
+            )),
+            (_, Ok(how)) => Err(format!(
+                "no account {name:?}: {how} ran but the account is still missing"
+            )),
         }
     }
 
@@ -75,6 +115,23 @@ impl Accounts {
         }
     }
 
+    /// The group the control socket has once bound: the default account's when the daemon
+    /// runs as root with group root (`open_socket_to_replicas`), else the daemon's own. None:
+    /// a group that does not exist yet, the default account's own, made with it.
+    pub fn socket_group(&self) -> Option<Gid> {
+        let own = Gid::effective();
+        let Some(name) = self.default.as_deref().filter(|_| own.as_raw() == 0) else {
+            return Some(own);
+        };
+        match User::from_name(name) {
+            Ok(Some(u)) => Some(u.gid),
+            _ => match Group::from_name(name) {
+                Ok(Some(g)) => Some(g.gid),
+                _ => None,
+            },
+        }
+    }
+
     /// The account a model's server runs as: its `user`, else the default (None: the daemon's
     /// own user). `defaulted` says which.
     pub fn user_for(&self, configured: Option<&str>) -> (Option<String>, bool) {
@@ -82,6 +139,56 @@ impl Accounts {
             Some(u) => (Some(u.to_string()), false),
             None => (self.default.clone(), self.default.is_some()),
         }
+    }
+
+    /// Who a model's replicas run as, for the checks of what they can reach: None when they
+    /// run as the daemon's own user. The default account before it was made is an account of
+    /// its own, with a group of its own: what every user may, it may.
+    pub fn who(&self, configured: Option<&str>) -> Result<Option<Who>, String> {
+        let (user, defaulted) = self.user_for(configured);
+        let Some(user) = user else {
+            return Ok(None);
+        };
+        match Credentials::of(&user) {
+            Ok(c) if self.default.is_none() && !c.is_current() => Err(format!(
+                "the daemon is not root: it cannot start a server as {user:?}"
+            )),
+            Ok(c) => Ok(Some(Who::of(&c))),
+            Err(_) if defaulted => Ok(Some(Who::to_be_made(&user))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Why a model's replicas could not run `program` (found on `search` if it has no slash;
+    /// None: the daemon's PATH), with what to do about it; None if they could. What the spawn
+    /// says (supervisor.rs) and what `check-config` and the daemon's start refuse.
+    pub fn cannot_run(
+        &self,
+        configured: Option<&str>,
+        program: &str,
+        search: Option<&str>,
+    ) -> Option<String> {
+        let who = match self.who(configured) {
+            Ok(Some(w)) => w,
+            Ok(None) => return None,
+            Err(e) => return Some(e),
+        };
+        let path = search
+            .map(str::to_string)
+            .or_else(|| std::env::var("PATH").ok());
+        let why = who.cannot_execute(program, path.as_deref())?;
+        let user = &who.name;
+        let whose = if configured.is_none() {
+            format!(
+                "the model has no `user`, so it runs as {user:?}, the unprivileged default; give \
+                 {user:?} access to the program (install it where {user:?} can reach it, e.g. \
+                 `install -m 0755 PROGRAM /usr/local/bin/`), or set `user` in the model \
+                 (`user = \"root\"` runs it as root)"
+            )
+        } else {
+            format!("the model's `user` is {user:?}")
+        };
+        Some(format!("{why} ({whose})"))
     }
 }
 
@@ -98,7 +205,7 @@ impl Credentials {
     pub fn of(user: &str) -> Result<Credentials, String> {
         let u = User::from_name(user)
             .map_err(|e| format!("looking up user {user:?}: {e}"))?
-            .ok_or_else(|| format!("no user {user:?}"))?;
+            .ok_or_else(|| format!("no user {user:?} on this host"))?;
         let cname = CString::new(user).map_err(|_| "user name with a NUL byte".to_string())?;
         let groups = nix::unistd::getgrouplist(&cname, u.gid)
             .map_err(|e| format!("groups of {user:?}: {e}"))?;
@@ -114,95 +221,93 @@ impl Credentials {
     pub fn is_current(&self) -> bool {
         self.uid == Uid::effective() && self.gid == Gid::effective()
     }
+}
 
-    /// Why this account cannot execute `program`, found on `path` (the child's PATH) if it has
-    /// no slash; None if it can. Goes by mode bits and ownership, as the kernel does without
-    /// ACLs; root passes.
-    pub fn cannot_execute(&self, program: &str, path: Option<&str>) -> Option<String> {
-        if self.uid.is_root() {
-            return None;
-        }
-        let candidates: Vec<PathBuf> = if program.contains('/') {
-            vec![PathBuf::from(program)]
-        } else {
-            path.unwrap_or("/usr/local/bin:/usr/bin:/bin")
-                .split(':')
-                .filter(|d| !d.is_empty())
-                .map(|d| Path::new(d).join(program))
-                .collect()
-        };
-        let mut first_problem = None;
-        for c in candidates {
-            if !c.is_file() {
-                continue;
+/// Creates the default account with the system's own tools; says which did it.
+fn create(name: &str) -> Result<String, String> {
+    let mut failures = Vec::new();
+    if name == DEFAULT_ACCOUNT {
+        let mut sysusers = Command::new("systemd-sysusers");
+        sysusers.arg("-");
+        match run_tool(&mut sysusers, Some(SYSUSERS)) {
+            Ok(()) if matches!(User::from_name(name), Ok(Some(_))) => {
+                return Ok("`systemd-sysusers -` (systemd/hearth.sysusers)".into())
             }
-            match self.blocked(&c) {
-                None => return None,
-                Some(why) => {
-                    first_problem.get_or_insert(why);
-                }
-            }
-        }
-        first_problem
-    }
-
-    /// What stops this account from executing `file`: a directory on the way it may not search,
-    /// or the file's own mode.
-    fn blocked(&self, file: &Path) -> Option<String> {
-        let absolute = if file.is_absolute() {
-            file.to_path_buf()
-        } else {
-            std::env::current_dir().ok()?.join(file)
-        };
-        let mut dir = PathBuf::from("/");
-        for part in absolute.parent()?.components().skip(1) {
-            dir.push(part);
-            let Ok(meta) = std::fs::metadata(&dir) else {
-                continue;
-            };
-            if !self.may(&meta, 0o1) {
-                return Some(format!(
-                    "{} cannot execute {}: {} is not searchable by {} (mode {:o})",
-                    self.name,
-                    absolute.display(),
-                    dir.display(),
-                    self.name,
-                    meta.mode() & 0o7777
-                ));
-            }
-        }
-        let meta = std::fs::metadata(&absolute).ok()?;
-        if !self.may(&meta, 0o1) {
-            return Some(format!(
-                "{} cannot execute {} (mode {:o}, owner uid {})",
-                self.name,
-                absolute.display(),
-                meta.mode() & 0o7777,
-                meta.uid()
-            ));
-        }
-        None
-    }
-
-    /// Permission `bit` (1 = execute/search) for this account on a file.
-    fn may(&self, meta: &std::fs::Metadata, bit: u32) -> bool {
-        let mode = meta.mode();
-        if meta.uid() == self.uid.as_raw() {
-            mode & (bit << 6) != 0
-        } else if meta.gid() == self.gid.as_raw()
-            || self.groups.iter().any(|g| g.as_raw() == meta.gid())
-        {
-            mode & (bit << 3) != 0
-        } else {
-            mode & bit != 0
+            Ok(()) => failures.push("systemd-sysusers made no such account".to_string()),
+            Err(e) => failures.push(format!("systemd-sysusers: {e}")),
         }
     }
+    let mut useradd = Command::new("useradd");
+    useradd.args(["--system", "--no-create-home", "--home-dir", "/"]);
+    useradd.args([
+        "--shell",
+        "/usr/sbin/nologin",
+        "--comment",
+        "hearth model servers",
+    ]);
+    // A group of the name left behind (the account removed without it) is the account's.
+    if matches!(Group::from_name(name), Ok(Some(_))) {
+        useradd.args(["--gid", name]);
+    } else {
+        useradd.arg("--user-group");
+    }
+    useradd.arg(name);
+    match run_tool(&mut useradd, None) {
+        Ok(()) => Ok(format!(
+            "`useradd --system --user-group --no-create-home --home-dir / --shell \
+             /usr/sbin/nologin {name}`"
+        )),
+        Err(e) => {
+            failures.push(format!("useradd: {e}"));
+            Err(failures.join("; "))
+        }
+    }
+}
+
+/// Runs a system tool to its end (at most `CREATE_TIMEOUT`), `input` on its stdin; its error
+/// output is the error.
+fn run_tool(cmd: &mut Command, input: Option<&str>) -> Result<(), String> {
+    let mut child = cmd
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let deadline = Instant::now() + CREATE_TIMEOUT;
+    let status = loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(status) => break status,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {} s", CREATE_TIMEOUT.as_secs()));
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = (&mut e).take(4096).read_to_string(&mut err);
+    }
+    Err(format!("{status}: {}", err.trim()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn without_user_root_daemons_use_the_default_account_and_root_must_be_asked_for() {
@@ -214,40 +319,12 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_the_account_cannot_search_is_named() {
-        let nobody = Credentials {
-            name: "nobody".into(),
-            uid: Uid::from_raw(65534),
-            gid: Gid::from_raw(65534),
-            groups: vec![],
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let private = dir.path().join("private");
-        std::fs::create_dir(&private).unwrap();
-        let prog = private.join("server");
-        std::fs::write(&prog, "#!/bin/sh\n").unwrap();
-        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let why = nobody.cannot_execute(prog.to_str().unwrap(), None).unwrap();
-        assert!(
-            why.contains(&format!(
-                "{} is not searchable by nobody",
-                private.display()
-            )),
-            "{why}"
-        );
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(nobody.cannot_execute(prog.to_str().unwrap(), None), None);
-        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o700)).unwrap();
-        assert!(nobody
-            .cannot_execute("server", Some(private.to_str().unwrap()))
-            .unwrap()
-            .contains("mode 700"));
-        // Not found at all: the spawn itself says so.
-        assert_eq!(
-            nobody.cannot_execute("no-such-program-anywhere", Some("/nonexistent")),
-            None
-        );
+    fn the_default_account_before_it_exists_is_checked_as_a_stranger() {
+        let a = Accounts::with_default(Some("hearth-test-account-that-is-not-there"));
+        let who = a.who(None).unwrap().unwrap();
+        assert_eq!(who.name, "hearth-test-account-that-is-not-there");
+        // A named account that does not exist is an error, not a guess.
+        let e = a.who(Some("hearth-test-no-such-user")).unwrap_err();
+        assert!(e.contains("no user"), "{e}");
     }
 }

@@ -71,6 +71,9 @@ pub struct Daemon {
     pub log: LogControl,
     /// Fault injection for tests (`upgrade::FAULT_PANIC_ENV`); None in production.
     pub fault: Option<upgrade::PanicFault>,
+    /// Where replicas' output goes, chosen (and `state_dir/logs` opened) before the socket is
+    /// bound.
+    pub logs: ReplicaLogs,
 }
 
 /// The loop's state: the core, and what carries out and announces its decisions.
@@ -124,6 +127,7 @@ impl Daemon {
             notifier,
             log,
             fault,
+            logs,
         } = self;
         let clock = Clock::new();
         let (tx, rx) = inbox::channel();
@@ -159,7 +163,6 @@ impl Daemon {
                 "replicas die with the daemon (PDEATHSIG): without a cgroup the next run could not find them"
             ),
         }
-        let logs = ReplicaLogs::choose(&state_dir);
         tracing::info!("{}", logs.describe());
         super::replica_log::start_rotator(logs.clone(), containment.clone());
 
@@ -173,7 +176,8 @@ impl Daemon {
         let sampling = Arc::new(AtomicBool::new(false));
         containment::start_sampler(containment.clone(), events.clone(), sampling.clone());
 
-        let accounts = Accounts::resolve();
+        // main.rs made the default account, where the host lacked it.
+        let accounts = Accounts::lookup();
         accounts.open_socket_to_replicas(&socket_path);
         let access =
             Arc::new(Access::new(config.access.clone()).with_containment(containment.clone()));

@@ -9,14 +9,12 @@
 //! nothing from it: what it found alive is stopped, never taken on trust.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::state_files::Dir;
 use crate::core::Ledger;
 
 /// The version of the document this binary writes and reads.
@@ -69,21 +67,14 @@ pub fn handover_path(state_dir: &Path) -> PathBuf {
     state_dir.join(HANDOVER)
 }
 
-/// Reads a saved document: None if there is none; an error says why one cannot be used.
+/// Reads a saved document: None if there is none; an error says why one cannot be used. Not
+/// through a link, and only a regular file of sane size (state_files.rs).
 pub fn read(path: &Path) -> Result<Option<Saved>, String> {
-    let f = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let text = match Dir::of_file(path).and_then(|(dir, name)| dir.read(name, MAX_BYTES)) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > MAX_BYTES {
-        return Err(format!(
-            "{}: {len} bytes, more than any ledger",
-            path.display()
-        ));
-    }
-    let text = std::io::read_to_string(f).map_err(|e| format!("{}: {e}", path.display()))?;
     parse(&text)
         .map(Some)
         .map_err(|e| format!("{}: {e}", path.display()))
@@ -106,24 +97,12 @@ pub fn parse(text: &str) -> Result<Saved, String> {
     serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))
 }
 
-/// Writes `bytes` to `path` so that a crash at any moment leaves the old file or the new one.
+/// Writes `bytes` to `path` so that a crash at any moment leaves the old file or the new one,
+/// never through a link (state_files.rs). The launch specs hold the models' environment
+/// (tokens, keys): the file is the daemon's alone (0600).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("json.tmp");
-    let _ = fs::remove_file(&tmp);
-    {
-        // The launch specs hold the models' environment (tokens, keys): the daemon's alone.
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
+    let (dir, name) = Dir::of_file(path)?;
+    dir.write_atomic(name, bytes, 0o600)
 }
 
 /// Writes the ledger off the event loop: the loop hands over the latest document and goes on;
@@ -173,6 +152,7 @@ impl Persister {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn another_format_is_refused_by_name_and_a_round_trip_is_equal() {

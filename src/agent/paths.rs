@@ -9,13 +9,16 @@
 //! which a umask of 002 makes every directory group-writable).
 
 use std::ffi::OsStr;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context};
 use nix::unistd::{Gid, Group, Uid, User};
 
 const STICKY: u32 = 0o1000;
+/// Private directories to suggest instead of a shared one.
+const PRIVATE_EXAMPLES: &str = "as root the defaults, /run/hearth for the socket and \
+     /var/lib/hearth for state_dir; as another user, one of yours such as $XDG_RUNTIME_DIR/hearth";
 
 /// Creates `dir` (and what is missing above it, with `mode`) if it is not there, then checks it
 /// and every directory above it, both along the path as written and along the path its symlinks
@@ -23,11 +26,7 @@ const STICKY: u32 = 0o1000;
 pub fn secure_dir(dir: &Path, mode: u32, what: &str) -> anyhow::Result<()> {
     let dir = absolute(dir)?;
     if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&dir)
-            .with_context(|| format!("{what} {}: creating it", dir.display()))?;
+        create(&dir, mode).with_context(|| format!("{what} {}: creating it", dir.display()))?;
     }
     let own = Uid::effective().as_raw();
     // As written: a symlink on the way must be ours or root's (the directory holding it is
@@ -41,6 +40,32 @@ pub fn secure_dir(dir: &Path, mode: u32, what: &str) -> anyhow::Result<()> {
     let meta = std::fs::metadata(&real)?;
     if !meta.is_dir() {
         bail!("{what} {}: not a directory", dir.display());
+    }
+    Ok(())
+}
+
+/// Creates `dir` with `mode` and what is missing above it with 0755: replicas running as
+/// another account reach the socket through those (a state_dir of 0700 made with its parents
+/// would otherwise shut them out of a socket beside it). The modes are set, not left to the
+/// umask.
+fn create(dir: &Path, mode: u32) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = dir;
+    while !p.exists() {
+        missing.push(p);
+        match p.parent() {
+            Some(up) => p = up,
+            None => break,
+        }
+    }
+    for d in missing.into_iter().rev() {
+        let m = if d == dir { mode } else { 0o755 };
+        match std::fs::DirBuilder::new().mode(m).create(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(m))?,
+            // Made meanwhile by someone else: checked like any directory that was there.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -107,16 +132,32 @@ fn check_one(dir: &Path, meta: &std::fs::Metadata, own: u32, last: bool) -> Resu
         ));
     }
     // Above the directory itself, a sticky directory is fine (/tmp): nobody can rename ours.
-    let sticky_ok = !last && mode & STICKY != 0;
+    let sticky = mode & STICKY != 0;
+    let sticky_ok = !last && sticky;
+    // A sticky directory is shared on purpose (/tmp, /var/tmp, /dev/shm): taking the others'
+    // write permission away would break the machine, so the advice is a directory of its own.
+    let remedy = |chmod: &str| {
+        if sticky {
+            format!(
+                "{shown} is shared by design; give hearth a directory of its own that only root                  or the daemon's user can write in ({PRIVATE_EXAMPLES})"
+            )
+        } else {
+            format!(
+                "give hearth a directory of its own that only root or the daemon's user can                  write in ({PRIVATE_EXAMPLES}), or, if nothing else needs to write in                  {shown}, {chmod} {shown}"
+            )
+        }
+    };
     if mode & 0o002 != 0 && !sticky_ok {
         return Err(format!(
-            "{shown} is writable by every user (mode {mode:04o}); chmod o-w {shown}"
+            "{shown} is writable by every user (mode {mode:04o}): {}",
+            remedy("chmod o-w")
         ));
     }
     if mode & 0o020 != 0 && !sticky_ok && !trusted_group(meta.gid(), meta.uid()) {
         return Err(format!(
-            "{shown} is writable by group {} (mode {mode:04o}); chmod g-w {shown}",
-            group_name(meta.gid())
+            "{shown} is writable by group {} (mode {mode:04o}): {}",
+            group_name(meta.gid()),
+            remedy("chmod g-w")
         ));
     }
     Ok(())
@@ -178,6 +219,35 @@ mod tests {
         secure_dir(&d, 0o700, "state_dir").unwrap();
         assert!(d.is_dir());
         assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        // What was made above it is searchable by every account: a socket beside a private
+        // state_dir stays reachable for replicas of another account.
+        for above in [t.path().join("a"), t.path().join("a/b")] {
+            let mode = std::fs::metadata(&above).unwrap().mode() & 0o777;
+            assert_eq!(mode, 0o755, "{}", above.display());
+        }
+    }
+
+    #[test]
+    fn a_shared_sticky_directory_gets_a_private_directory_suggested_never_a_chmod() {
+        let like_tmp = tempfile::tempdir().unwrap();
+        chmod(like_tmp.path(), 0o1777);
+        for shared in [Path::new("/tmp"), like_tmp.path()] {
+            let e = secure_dir(shared, 0o755, "socket directory")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a directory of its own"), "{e}");
+            assert!(!e.contains("chmod"), "advice that breaks the machine: {e}");
+        }
+        // A directory of one's own that others may write in: either way out is offered.
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("mine");
+        std::fs::create_dir(&d).unwrap();
+        chmod(&d, 0o777);
+        let e = secure_dir(&d, 0o700, "state_dir").unwrap_err().to_string();
+        assert!(
+            e.contains("a directory of its own") && e.contains("chmod o-w"),
+            "{e}"
+        );
     }
 
     #[test]

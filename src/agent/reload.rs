@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use super::access::Access;
 use super::inbox::EventSink;
 use super::logging::LogControl;
-use crate::config::{Config, DaemonConfig, GpusConfig};
+use crate::config::{Checks, Config, DaemonConfig, GpusConfig};
 use crate::core::{Event, NewConfig, ReloadCause};
 
 /// The longest a read of the configuration file may take. A file that does not come within this
@@ -97,7 +97,18 @@ pub fn start_read(
     tracker.spawn(async move {
         let reading = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || read(&path)
+            let socket = fixed.daemon.socket.clone();
+            move || {
+                let config = read(&path)?;
+                // A model without `user` new in this file: its account is made now (once made,
+                // the socket gets its group, as at start), or the reload fails.
+                let accounts = super::account::Accounts::lookup();
+                if let Some(made) = accounts.ensure_for(&config)? {
+                    tracing::info!("{made}");
+                    accounts.open_socket_to_replicas(&socket);
+                }
+                Ok(config)
+            }
         });
         let read = match tokio::time::timeout(READ_TIMEOUT, reading).await {
             Ok(Ok(read)) => read,
@@ -117,11 +128,12 @@ pub fn start_read(
     });
 }
 
-/// Reads and validates the file as `hearth daemon` does at start (`Config::load`: a FIFO or
-/// anything but a regular file refused at once, the size bounded, every check down to the
-/// commands' programs); errors name the file (and the line and key, when the text is at fault).
+/// Reads and validates the file as `hearth daemon` does at start (`reach::load`: a FIFO or
+/// anything but a regular file refused at once, the size bounded, every check down to what the
+/// replicas' accounts can reach); errors name the file (and the line and key, when the text is
+/// at fault).
 pub fn read(path: &Path) -> Result<Config, String> {
-    Config::load(path).map_err(|e| e.to_string())
+    super::reach::load(path, Checks::Host).map_err(|e| e.to_string())
 }
 
 /// The daemon settings the shell owns, applied when the core says a reload is in force.

@@ -12,12 +12,13 @@
 //!   every sampling interval); logs of replicas that are gone are kept, the newest
 //!   [`KEEP_GONE`] of them. While no daemon runs nothing rotates them.
 
-use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+
+use super::state_files::Dir;
 
 /// A replica's log file is rotated once it is this long.
 pub const MAX_FILE: u64 = 16 << 20;
@@ -30,21 +31,34 @@ pub const REPLICA_LOGS_ENV: &str = "HEARTH_REPLICA_LOGS";
 #[derive(Debug, Clone)]
 pub enum ReplicaLogs {
     Journal,
-    Files { dir: PathBuf },
+    /// `dir` for messages; `at`, the directory itself, held open: every file in it is opened
+    /// from there without following links (state_files.rs).
+    Files {
+        dir: PathBuf,
+        at: Arc<Dir>,
+    },
 }
 
 impl ReplicaLogs {
-    /// journald when its stream socket is there, files under `state_dir/logs` otherwise.
-    pub fn choose(state_dir: &Path) -> ReplicaLogs {
-        let files = ReplicaLogs::Files {
-            dir: state_dir.join("logs"),
+    /// journald when its stream socket is there, files under `state_dir/logs` otherwise (made
+    /// 0750 if missing; a link at `logs` is refused, never followed).
+    pub fn choose(state_dir: &Path) -> std::io::Result<ReplicaLogs> {
+        let journal = match std::env::var(REPLICA_LOGS_ENV).as_deref() {
+            Ok("files") => false,
+            Ok("journal") => true,
+            _ => Path::new(JOURNAL_STDOUT).exists(),
         };
-        match std::env::var(REPLICA_LOGS_ENV).as_deref() {
-            Ok("files") => files,
-            Ok("journal") => ReplicaLogs::Journal,
-            _ if Path::new(JOURNAL_STDOUT).exists() => ReplicaLogs::Journal,
-            _ => files,
+        if journal {
+            return Ok(ReplicaLogs::Journal);
         }
+        let dir = state_dir.join("logs");
+        let at = Dir::open(state_dir)
+            .and_then(|s| s.subdir("logs", 0o750))
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", dir.display())))?;
+        Ok(ReplicaLogs::Files {
+            dir,
+            at: Arc::new(at),
+        })
     }
 
     pub fn describe(&self) -> String {
@@ -52,7 +66,7 @@ impl ReplicaLogs {
             ReplicaLogs::Journal => {
                 "replica output: journald streams (journalctl -t REPLICA)".into()
             }
-            ReplicaLogs::Files { dir } => format!(
+            ReplicaLogs::Files { dir, .. } => format!(
                 "replica output: {}/REPLICA.log (rotated at {})",
                 dir.display(),
                 crate::units::short_bytes(MAX_FILE)
@@ -71,15 +85,8 @@ impl ReplicaLogs {
                     Stdio::from(std::os::fd::OwnedFd::from(err)),
                 ))
             }
-            ReplicaLogs::Files { dir } => {
-                fs::create_dir_all(dir)?;
-                fs::set_permissions(dir, fs::Permissions::from_mode(0o750))?;
-                let f = fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(0o640)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(file_of(dir, replica))?;
+            ReplicaLogs::Files { at, .. } => {
+                let f = at.append(&file_name(replica), 0o640)?;
                 let g = f.try_clone()?;
                 Ok((Stdio::from(f), Stdio::from(g)))
             }
@@ -90,7 +97,7 @@ impl ReplicaLogs {
     pub fn location(&self, replica: &str) -> String {
         match self {
             ReplicaLogs::Journal => format!("journalctl -t {replica}"),
-            ReplicaLogs::Files { dir } => file_of(dir, replica).display().to_string(),
+            ReplicaLogs::Files { dir, .. } => dir.join(file_name(replica)).display().to_string(),
         }
     }
 
@@ -98,41 +105,28 @@ impl ReplicaLogs {
     /// truncated (the child appends, so it carries on at the new end); of the gone replicas'
     /// logs the newest [`KEEP_GONE`] stay. Blocking: off the event loop.
     pub fn rotate(&self, live: &[String]) {
-        let ReplicaLogs::Files { dir } = self else {
+        let ReplicaLogs::Files { dir, at } = self else {
             return;
         };
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        let mut gone: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
-        for e in entries.flatten() {
-            let path = e.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
+        let mut gone: Vec<(i64, String)> = Vec::new();
+        for (name, len, modified) in at.files() {
             let Some(replica) = name.strip_suffix(".log") else {
                 continue;
             };
-            let Ok(meta) = fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if !meta.is_file() {
-                continue;
-            }
             if live.iter().any(|r| r == replica) {
-                if meta.len() > MAX_FILE {
-                    if let Err(e) = copy_truncate(&path) {
-                        tracing::warn!("rotating {}: {e}", path.display());
+                if len > MAX_FILE {
+                    if let Err(e) = at.copy_truncate(&name, &format!("{name}.1"), 0o640) {
+                        tracing::warn!("rotating {}: {e}", dir.join(&name).display());
                     }
                 }
             } else {
-                gone.push((meta.modified().unwrap_or(std::time::UNIX_EPOCH), path));
+                gone.push((modified, name));
             }
         }
         gone.sort_by_key(|g| std::cmp::Reverse(g.0));
-        for (_, path) in gone.into_iter().skip(KEEP_GONE) {
-            let _ = fs::remove_file(&path);
-            let _ = fs::remove_file(path.with_extension("log.1"));
+        for (_, name) in gone.into_iter().skip(KEEP_GONE) {
+            let _ = at.remove(&name);
+            let _ = at.remove(&format!("{name}.1"));
         }
     }
 }
@@ -161,14 +155,8 @@ pub fn start_rotator(
     }
 }
 
-fn file_of(dir: &Path, replica: &str) -> PathBuf {
-    dir.join(format!("{replica}.log"))
-}
-
-fn copy_truncate(path: &Path) -> std::io::Result<()> {
-    let old = path.with_extension("log.1");
-    fs::copy(path, &old)?;
-    fs::OpenOptions::new().write(true).open(path)?.set_len(0)
+fn file_name(replica: &str) -> String {
+    format!("{replica}.log")
 }
 
 /// A connection to journald's stdout stream, as systemd makes one for a service's output:
@@ -183,14 +171,21 @@ fn journal_stream(identifier: &str, priority: u8) -> std::io::Result<UnixStream>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::io::Read;
+
+    fn files(state_dir: &Path) -> ReplicaLogs {
+        let at = Dir::open(state_dir).unwrap().subdir("logs", 0o750).unwrap();
+        ReplicaLogs::Files {
+            dir: state_dir.join("logs"),
+            at: Arc::new(at),
+        }
+    }
 
     #[test]
     fn files_are_appended_and_rotated_and_gone_ones_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let logs = ReplicaLogs::Files {
-            dir: dir.path().join("logs"),
-        };
+        let logs = files(dir.path());
         let (_out, _err) = logs.open("a-1").unwrap();
         let path = dir.path().join("logs/a-1.log");
         fs::write(&path, vec![b'x'; (MAX_FILE + 10) as usize]).unwrap();

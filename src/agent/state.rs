@@ -6,27 +6,17 @@
 //! as `overrides.json.corrupt-<unix time>`, the log says so and where, and the daemon starts
 //! with the configuration file's values.
 //!
-//! Written safely: the new content goes to a temporary file created fresh (`O_EXCL`,
-//! `O_NOFOLLOW`: whatever was at its name — a leftover, or a symlink someone planted — is
-//! removed, never followed), is fsynced, renamed over the file, and the directory is fsynced, so
-//! a crash leaves the old file or the new one, whole.
+//! Read and written through state_files.rs: never through a link, atomically.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::fcntl::{openat, renameat, OFlag};
-use nix::sys::stat::Mode;
-use nix::unistd::{unlinkat, UnlinkatFlags};
-
+use super::state_files::Dir;
 use crate::config::Config;
 use crate::core::{check_overrides, Overrides};
 
 const FILE: &str = "overrides.json";
-const TMP: &str = "overrides.json.tmp";
 /// Far more than any set of overrides takes: a larger file is not read into memory.
 const MAX_BYTES: u64 = 1 << 20;
 
@@ -39,7 +29,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 /// is it an error, since the next save would overwrite it.
 pub fn load(state_dir: &Path, config: &Config) -> anyhow::Result<BTreeMap<String, Overrides>> {
     let p = path(state_dir);
-    let why = match read(&p) {
+    let why = match Dir::open(state_dir).and_then(|d| d.read(OsStr::new(FILE), MAX_BYTES)) {
         Ok(None) => return Ok(BTreeMap::new()),
         Ok(Some(text)) => match serde_json::from_str::<BTreeMap<String, Overrides>>(&text) {
             Ok(o) => match check_overrides(config, &o) {
@@ -70,61 +60,10 @@ pub fn load(state_dir: &Path, config: &Config) -> anyhow::Result<BTreeMap<String
     Ok(BTreeMap::new())
 }
 
-/// The file's text; None when there is no file. Not through a symlink, and only a regular file
-/// of sane size.
-fn read(p: &Path) -> std::io::Result<Option<String>> {
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(p)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(std::io::Error::other("a symlink, not a file"))
-        }
-        Err(e) => return Err(e),
-    };
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    if meta.len() > MAX_BYTES {
-        return Err(std::io::Error::other(format!(
-            "{} bytes; overrides take at most {MAX_BYTES}",
-            meta.len()
-        )));
-    }
-    let mut text = String::new();
-    file.take(MAX_BYTES).read_to_string(&mut text)?;
-    Ok(Some(text))
-}
-
 /// Writes the overrides (see the module documentation for how).
 pub fn save(state_dir: &Path, overrides: &BTreeMap<String, Overrides>) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(overrides)?;
-    let dir: OwnedFd = nix::fcntl::open(
-        state_dir,
-        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    match unlinkat(&dir, TMP, UnlinkatFlags::NoRemoveDir) {
-        Ok(()) | Err(Errno::ENOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let fd = openat(
-        &dir,
-        TMP,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o600),
-    )?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    drop(file);
-    renameat(&dir, TMP, &dir, FILE)?;
-    nix::unistd::fsync(dir.as_fd())?;
-    Ok(())
+    Dir::open(state_dir)?.write_atomic(OsStr::new(FILE), &bytes, 0o600)
 }
 
 /// Saves off the event loop: an fsync can take a slow disk tens of milliseconds, which the loop
@@ -176,6 +115,8 @@ impl Saver {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    const TMP: &str = "overrides.json.tmp";
 
     fn config() -> Config {
         let toml = r#"
@@ -270,7 +211,11 @@ max = 4
         assert_eq!(load(d.path(), &config()).unwrap(), BTreeMap::new());
         assert!(secret.exists(), "the link's target is left alone");
         let d = dir();
-        nix::unistd::mkfifo(&path(d.path()), Mode::from_bits_truncate(0o600)).unwrap();
+        nix::unistd::mkfifo(
+            &path(d.path()),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
         // No writer ever comes: a blocking open would hang here.
         assert_eq!(load(d.path(), &config()).unwrap(), BTreeMap::new());
     }

@@ -34,6 +34,7 @@ pub fn status_line(st: &StatusView, gpu_kind: &str, stopping: bool) -> String {
     for (label, list) in [
         ("crash_loop", names(&|m| m.health == Health::CrashLoop)),
         ("no_capacity", names(&|m| m.health == Health::NoCapacity)),
+        ("unavailable", names(&|m| m.health == Health::Unavailable)),
         (
             "rollout halted",
             names(&|m| m.rollout.as_ref().is_some_and(|r| r.halted.is_some())),
@@ -122,17 +123,19 @@ mod tests {
                 model("b", [2, 1, 0, 1, 1], Health::CrashLoop, Rollout::None),
                 model("c", [0, 0, 0, 0, 0], Health::Ok, Rollout::Halted),
                 model("d", [0, 0, 0, 0, 0], Health::NoCapacity, Rollout::UnderWay),
+                model("e", [0, 0, 0, 1, 0], Health::Unavailable, Rollout::None),
             ],
             gpus: vec![gpu("GPU-0", true), gpu("GPU-1", false)],
         };
         assert_eq!(
             status_line(&st, "nvml", false),
-            "4 models: 5 routed, 2 warm, 1 starting, 1 pending, 1 draining; crash_loop: b; \
-             no_capacity: d; rollout halted: c; rolling out: d; GPUs: nvml 2 (1 unhealthy)"
+            "5 models: 5 routed, 2 warm, 1 starting, 2 pending, 1 draining; crash_loop: b; \
+             no_capacity: d; unavailable: e; rollout halted: c; rolling out: d; GPUs: nvml 2 \
+             (1 unhealthy)"
         );
         assert_eq!(
             status_line(&st, "nvml", true),
-            "stopping: 10 replica(s) left"
+            "stopping: 11 replica(s) left"
         );
         let one = StatusView {
             models: vec![model("a", [2, 1, 0, 0, 0], Health::Ok, Rollout::None)],

@@ -235,9 +235,10 @@ fn build_command(
 }
 
 /// The account the replica runs as, checked against its program: an account that cannot reach
-/// the program is said plainly, before anything is started.
+/// the program is said plainly, before anything is started (the same check `check-config`
+/// makes: account.rs).
 fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>, String> {
-    let (user, defaulted) = accounts.user_for(spec.user.as_deref());
+    let (user, _) = accounts.user_for(spec.user.as_deref());
     let Some(user) = user else {
         return Ok(None);
     };
@@ -247,22 +248,12 @@ fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>,
         .iter()
         .rev()
         .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var("PATH").ok());
+        .map(|(_, v)| v.as_str());
     let program = spec.command.first().map(String::as_str).unwrap_or("");
-    if let Some(why) = creds.cannot_execute(program, path.as_deref()) {
-        let whose = if defaulted {
-            format!(
-                "the model has no `user`, so it runs as {user:?}, the unprivileged default; give \
-                 {user:?} access to the program (install it where {user:?} can reach it), or set \
-                 `user` in the model (`user = \"root\"` runs it as root)"
-            )
-        } else {
-            format!("the model's `user` is {user:?}")
-        };
-        return Err(format!("{why} ({whose})"));
+    match accounts.cannot_run(spec.user.as_deref(), program, path) {
+        Some(why) => Err(why),
+        None => Ok(Some(creds)),
     }
-    Ok(Some(creds))
 }
 
 fn spawn_one(job: Job, sv: &Spawner) {

@@ -329,6 +329,18 @@ pub enum Checks {
     Host,
 }
 
+/// What only the host can say about a model's replicas: whether the account they run as can
+/// reach what they must. The shell answers (`agent::reach`), which knows the accounts; the
+/// configuration only asks, at [`Checks::Host`] through [`Config::load_on`], so that what it
+/// refuses is named by file, line and key like any other error.
+pub trait Reach {
+    /// Why `model`'s replicas could not execute `program` (a path, or a name looked up on
+    /// `search`, the PATH they are given; None: the daemon's), if they could not.
+    fn program(&self, model: &ModelConfig, program: &str, search: Option<&str>) -> Option<String>;
+    /// Why they could not connect to the control socket at `socket`, if they could not.
+    fn socket(&self, model: &ModelConfig, socket: &Path) -> Option<String>;
+}
+
 /// A configuration file larger than this is refused rather than read into memory.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
@@ -378,6 +390,17 @@ impl Config {
     pub fn load_with(path: &Path, checks: Checks) -> Result<Config, ConfigError> {
         let text = read_file(path)?;
         Config::parse_with(&text, path, checks)
+    }
+
+    /// Read the configuration file at `path` and check it to depth `checks`; at
+    /// [`Checks::Host`], also ask `reach` whether each model's replicas can reach their program
+    /// and the control socket.
+    pub fn load_on(path: &Path, checks: Checks, reach: &dyn Reach) -> Result<Config, ConfigError> {
+        let text = read_file(path)?;
+        let raw = raw::read(&text, path)?;
+        validate::Cx::new(&text, path, checks)
+            .with_reach(reach)
+            .config(raw)
     }
 
     /// Parse configuration `text` and check its values ([`Checks::Values`]); `path` is only used

@@ -362,6 +362,12 @@ impl Node {
         r.state = state;
         r.since = now;
         r.since_event = self.events;
+        if matches!(state, ReplicaState::Warm | ReplicaState::Routed) {
+            // A replica got ready: the model's tries succeed again.
+            if let Some(m) = self.models.get_mut(&r.model) {
+                m.stalled = None;
+            }
+        }
         r.probe_failures = 0;
         r.deadline = None;
         if state != ReplicaState::Pending {

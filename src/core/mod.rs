@@ -58,6 +58,8 @@ mod starts;
 pub mod status;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod unavailable_tests;
 pub mod xid;
 
 pub use adopt::{Adoption, Ledger, ModelRecord, ReplicaRecord};

@@ -78,6 +78,10 @@ pub struct ModelState {
     pub backoff_until: Time,
     /// Why pending replicas cannot be placed, when GPUs are the reason.
     pub no_capacity: Option<String>,
+    /// What stopped the model's last try to get a replica ready (a failure, a port held by
+    /// another process, no port left), until one of its replicas passes a warm-up. With
+    /// nothing routed or warm, it makes the model `unavailable` (status.rs).
+    pub stalled: Option<String>,
     pub desired_routed: u32,
     pub last_scale: Option<ScaleRecord>,
     /// Reports without a replica (from a router).
@@ -108,6 +112,7 @@ impl ModelState {
             last_failure: String::new(),
             backoff_until: now,
             no_capacity: None,
+            stalled: None,
             desired_routed: 0,
             last_scale: None,
             model_wide: ReplicaSignal::default(),
@@ -186,6 +191,7 @@ impl ModelState {
         self.failures.push_back(now);
         self.total_restarts += 1;
         self.last_failure = why.to_string();
+        self.stalled = Some(why.to_string());
         let n = self.recent_failures(now) as u32;
         let backoff = BACKOFF_FIRST
             .checked_mul(1u32 << (n.saturating_sub(1)).min(16))

@@ -17,6 +17,9 @@ use super::replica::{Replica, ReplicaState};
 use super::replicas::Handle;
 use super::Time;
 
+/// A pending replica's reason when every port of the range is handed out or passed over.
+const NO_PORT: &str = "no free port in daemon.ports";
+
 /// What one pass learnt of a model.
 #[derive(Default)]
 struct ModelPass {
@@ -24,6 +27,8 @@ struct ModelPass {
     reached: bool,
     /// Why GPUs cannot take its replicas, if they cannot.
     blocked: Option<String>,
+    /// One of its replicas found no free port.
+    no_port: bool,
     /// What its starts wait for (`held_for`, a walk over every replica), taken once per pass
     /// and again only after the pass changed it (a start placed on devices, a replica
     /// reclaimed).
@@ -156,7 +161,10 @@ impl Node {
             };
             let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
                 ports_left = false;
-                set_reason(r, "no free port in daemon.ports");
+                set_reason(r, NO_PORT);
+                if let Some(this) = pass.get_mut(ix) {
+                    this.no_port = true;
+                }
                 continue;
             };
             r.set_port(Some(port));
@@ -184,6 +192,9 @@ impl Node {
             }
             if let Some(m) = self.models.get_mut(model) {
                 m.no_capacity = this.blocked;
+                if this.no_port {
+                    m.stalled = Some(NO_PORT.to_string());
+                }
             }
         }
     }

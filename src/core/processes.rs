@@ -36,6 +36,9 @@ impl Node {
             short_duration(BUSY_PORT_HOLD)
         );
         self.log(LogLevel::Warn, &model, Some(id), message.clone(), out);
+        if let Some(m) = self.models.get_mut(&model) {
+            m.stalled = Some(message.clone());
+        }
         if state == ReplicaState::Stopping {
             // Asked to stop before it existed: there is nothing left to stop. `forget` frees
             // its GPUs (and gives back a port the pool already passes over).

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::model::ModelState;
 use super::node::Node;
+use super::reconcile::Counts;
 use super::replica::{Replica, ReplicaState};
 use super::Time;
 use crate::config::WarmPool;
@@ -12,6 +13,31 @@ use crate::protocol::{
 };
 
 impl Node {
+    /// Why nothing serves `m` and nothing will until something changes, if so: no replica
+    /// routed or warm (none to route, none to promote), replicas wanted, and the last try to
+    /// get one ready did not succeed. A first cold start is not this (nothing has failed yet),
+    /// nor a model at zero with nothing asked of it, nor a daemon shutting down.
+    fn unavailable(&self, m: &ModelState, c: &Counts) -> Option<String> {
+        if self.shutdown.is_some() || c.routed + c.leaving + c.warm > 0 {
+            return None;
+        }
+        if m.desired_routed == 0 && c.pending + c.starting == 0 {
+            return None;
+        }
+        let stalled = m.stalled.as_deref()?;
+        // What the replicas wait for now (a back-off, a port), where it says more.
+        let waiting = self
+            .replicas
+            .of_model(m.name())
+            .filter(|r| r.state == ReplicaState::Pending && !r.reason.is_empty())
+            .map(|r| &*r.reason)
+            .find(|why| *why != stalled);
+        Some(match waiting {
+            Some(w) => format!("nothing routed or warm, and none can be: {stalled}; {w}"),
+            None => format!("nothing routed or warm, and none can be: {stalled}"),
+        })
+    }
+
     pub fn status(&self, model: Option<&str>, now: Time) -> StatusView {
         let models = self
             .models
@@ -40,6 +66,8 @@ impl Node {
             )
         } else if let Some(why) = &m.no_capacity {
             (Health::NoCapacity, why.clone())
+        } else if let Some(why) = self.unavailable(m, &c) {
+            (Health::Unavailable, why)
         } else {
             (Health::Ok, String::new())
         };

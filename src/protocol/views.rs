@@ -68,6 +68,11 @@ pub enum Health {
     CrashLoop,
     /// Pending replicas cannot be placed on the GPUs.
     NoCapacity,
+    /// Nothing serves the model and nothing is on its way: no replica is routed or warm, and
+    /// its last try to get one ready did not succeed (a failure, a port held by another
+    /// process, no port left), so none will be routed until something changes. Status says
+    /// what stopped the last try and what the replicas wait for.
+    Unavailable,
 }
 
 impl fmt::Display for Health {

@@ -43,6 +43,9 @@ pub struct Home {
     reaper: Reaper,
     _ports: PortBlock,
     _route_port: Option<PortBlock>,
+    /// The private /etc a root daemon with a model on the default account runs on (see
+    /// [`DaemonBuilder::prepare`]).
+    pub fresh: Option<crate::FreshAccounts>,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub config_path: PathBuf,
@@ -436,8 +439,18 @@ impl DaemonBuilder {
         self
     }
 
-    /// Takes the ports and writes the configuration: everything but the process.
-    pub fn prepare(self) -> (Home, Launch) {
+    /// Takes the ports and writes the configuration: everything but the process. A root
+    /// daemon with a model on the default account (no `user`) and no wrapper of the test's
+    /// own runs on a private /etc without hearth's accounts ([`crate::FreshAccounts`]), as on a
+    /// fresh machine: the account it makes is made there, never on this host.
+    pub fn prepare(mut self) -> (Home, Launch) {
+        let fresh = (self.wrapper.is_empty()
+            && self.config.models.iter().any(|m| m.user.is_none()))
+        .then(crate::FreshAccounts::new)
+        .flatten();
+        if let Some(f) = &fresh {
+            self.wrapper = f.wrapper();
+        }
         let n = self.ports.unwrap_or_else(|| {
             let max: u32 = self.config.models.iter().map(|m| m.scaling.max).sum();
             u16::try_from(max + 4).expect("a port range that fits")
@@ -457,6 +470,7 @@ impl DaemonBuilder {
             config: self.config,
             _ports: block,
             _route_port: route_port,
+            fresh,
             reaper,
             dir,
         };

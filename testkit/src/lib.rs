@@ -14,6 +14,8 @@
 //! - [`NotifyRecorder`]: the service manager's end of `NOTIFY_SOCKET`.
 //! - [`needs`]: what a test needs from the host; missing, the test fails saying so (unless
 //!   `HEARTH_ALLOW_SKIP=1`).
+//! - [`FreshAccounts`]: a root daemon on a machine without hearth's accounts (a private /etc),
+//!   and [`Checkout`]: the README's quick start run from a fresh clone.
 //! - [`route`]: the front door's tests: `hearth route` on a daemon's file ([`route::Router`],
 //!   [`DaemonBuilder::route`]), HTTP that streams, and [`route::front_door`], the arrange step
 //!   they share.
@@ -32,6 +34,7 @@ pub mod cgroups;
 mod config;
 mod conn;
 mod daemon;
+mod fresh;
 mod http;
 mod load;
 mod measure;
@@ -51,6 +54,7 @@ use std::sync::OnceLock;
 pub use config::{Config, Liveness, Model};
 pub use conn::{ask_on, connect_as, request, Conn};
 pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
+pub use fresh::{Checkout, FreshAccounts};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
 pub use load::Load;
 pub use measure::{

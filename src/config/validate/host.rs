@@ -1,7 +1,10 @@
 //! What this host must provide ([`Checks::Host`]): each command's program. It is looked up the
 //! way the spawn will look it up: a name with a slash as a path (relative to the current
 //! directory), a bare name on the PATH the replica gets (its `env.PATH`, else the daemon's).
+//! Then, when the shell answers ([`Config::load_on`]), what the replicas' accounts can reach:
+//! the program and the control socket.
 //!
+//! [`Config::load_on`]: crate::config::Config::load_on
 //! [`Checks::Host`]: crate::config::Checks::Host
 
 use std::ffi::OsString;
@@ -9,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::{access, AccessFlags};
 
-use super::{Cx, Marks, Res};
+use super::{At, Cx, Marks, Res};
 use crate::config::placeholders::{expand, placeholders_in, Placeholders};
 use crate::config::raw::{index, join};
 use crate::config::ModelConfig;
@@ -26,6 +29,40 @@ impl Cx<'_> {
                     mark.program.clone(),
                     why,
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the replicas' accounts can reach, as the host answers (see [`Reach`]): each model's
+    /// program, and the control socket for a model whose queue comes from the socket (a model
+    /// with `[model.signal]` is read from its own metrics: its servers need not report).
+    ///
+    /// [`Reach`]: crate::config::Reach
+    pub(super) fn reach(
+        &self,
+        socket: &Path,
+        socket_at: At,
+        models: &[ModelConfig],
+        marks: &[Marks],
+    ) -> Res<()> {
+        let Some(reach) = self.reach else {
+            return Ok(());
+        };
+        for (m, mark) in models.iter().zip(marks) {
+            if let Some((program, search)) = program_of(m) {
+                if let Some(why) = reach.program(m, &program, search.as_deref()) {
+                    return Err(self.err(
+                        &index(&join(&mark.key, "command"), 0),
+                        mark.program.clone(),
+                        why,
+                    ));
+                }
+            }
+            if m.signal.is_none() {
+                if let Some(why) = reach.socket(m, socket) {
+                    return Err(self.err("daemon.socket", socket_at.clone(), why));
+                }
             }
         }
         Ok(())
@@ -60,21 +97,32 @@ fn not_executable(path: &Path) -> Option<Unusable> {
     }
 }
 
-/// Ok when the model's program resolves, or when it cannot be known before a replica exists
-/// (a `{port}`, `{replica}` or `{gpus}` in it or in `env.PATH`).
-fn program_resolves(m: &ModelConfig) -> Result<(), String> {
+/// The model's program and the PATH its replicas get (None: the daemon's), as far as they are
+/// known before a replica exists: None when a `{port}`, `{replica}` or `{gpus}` is in either.
+fn program_of(m: &ModelConfig) -> Option<(String, Option<String>)> {
     let known_now = |s: &str| placeholders_in(s).iter().all(|p| *p == "model");
     let vars = Placeholders {
         model: m.name.clone(),
         ..Placeholders::default()
     };
-    let Some(program) = m.launch.command.first() else {
+    let program = m.launch.command.first()?;
+    if !known_now(program) {
+        return None;
+    }
+    let search = match m.launch.env.get("PATH") {
+        Some(p) if known_now(p) => Some(expand(p, &vars)),
+        Some(_) => return None,
+        None => None,
+    };
+    Some((expand(program, &vars), search))
+}
+
+/// Ok when the model's program resolves, or when it cannot be known before a replica exists
+/// (a `{port}`, `{replica}` or `{gpus}` in it or in `env.PATH`).
+fn program_resolves(m: &ModelConfig) -> Result<(), String> {
+    let Some((program, search)) = program_of(m) else {
         return Ok(());
     };
-    if !known_now(program) {
-        return Ok(());
-    }
-    let program = expand(program, &vars);
     if program.contains('/') {
         let path = Path::new(&program);
         return match not_executable(path) {
@@ -92,9 +140,8 @@ fn program_resolves(m: &ModelConfig) -> Result<(), String> {
             Some(why) => Err(format!("{program:?} {}", why.why())),
         };
     }
-    let (search, whose): (OsString, &str) = match m.launch.env.get("PATH") {
-        Some(p) if known_now(p) => (expand(p, &vars).into(), "this model's env.PATH"),
-        Some(_) => return Ok(()),
+    let (search, whose): (OsString, &str) = match search {
+        Some(p) => (p.into(), "this model's env.PATH"),
         None => (
             std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
             "the PATH",

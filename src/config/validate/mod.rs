@@ -20,7 +20,7 @@ use super::placeholders::{placeholders_in, PLACEHOLDERS};
 use super::raw::{index, join, line_at, Opt, RawAccess, RawConfig, RawDaemon, RawGpus};
 use super::{
     AccessConfig, Checks, Config, ConfigError, DaemonConfig, GpuBackend, GpusConfig, ModelConfig,
-    PortRange, Principal, StaticDevice,
+    PortRange, Principal, Reach, StaticDevice,
 };
 use crate::units::{parse_duration, parse_size};
 
@@ -61,11 +61,23 @@ pub(in crate::config) struct Cx<'a> {
     text: &'a str,
     file: &'a Path,
     checks: Checks,
+    /// The host's answers about the replicas' accounts (see [`Reach`]), when asked for.
+    reach: Option<&'a dyn Reach>,
 }
 
 impl<'a> Cx<'a> {
     pub(in crate::config) fn new(text: &'a str, file: &'a Path, checks: Checks) -> Self {
-        Cx { text, file, checks }
+        Cx {
+            text,
+            file,
+            checks,
+            reach: None,
+        }
+    }
+
+    pub(in crate::config) fn with_reach(mut self, reach: &'a dyn Reach) -> Self {
+        self.reach = Some(reach);
+        self
     }
 
     pub(super) fn err(&self, key: &str, at: At, message: impl Into<String>) -> ConfigError {
@@ -205,6 +217,11 @@ impl<'a> Cx<'a> {
             .daemon
             .as_ref()
             .and_then(|d| at(&d.get_ref().ports))
+            .or(daemon_at.clone());
+        let socket_at = raw
+            .daemon
+            .as_ref()
+            .and_then(|d| at(&d.get_ref().socket))
             .or(daemon_at);
         let daemon = self.daemon(raw.daemon.map(Spanned::into_inner))?;
         let access = self.access(raw.access.map(Spanned::into_inner))?;
@@ -253,6 +270,7 @@ impl<'a> Cx<'a> {
         }
         if self.checks >= Checks::Host {
             self.host(&models, &marks)?;
+            self.reach(&daemon.socket, socket_at, &models, &marks)?;
         }
         Ok(Config {
             path: self.file.to_path_buf(),
