@@ -19,10 +19,16 @@ use testkit::*;
 /// A daemon with `models` in a cgroup2 subtree. Where this host has none the test fails saying
 /// so; None only with HEARTH_ALLOW_SKIP=1.
 fn daemon(models: Vec<Model>) -> Option<Daemon> {
+    in_cgroup(Daemon::builder().models(models).tick("100ms"))
+}
+
+/// `builder`'s daemon, started where replicas can outlive it (a cgroup2 subtree). Where this
+/// host has none the test fails saying so; None only with HEARTH_ALLOW_SKIP=1.
+fn in_cgroup(builder: DaemonBuilder) -> Option<Daemon> {
     if !needs_root("replicas outlive the daemon only in a cgroup") {
         return None;
     }
-    let d = Daemon::builder().models(models).tick("100ms").start();
+    let d = builder.start();
     needs_cgroup2(&d).then_some(d)
 }
 
@@ -128,6 +134,128 @@ fn kill_9_under_load_replicas_keep_answering_and_are_all_adopted_without_a_cold_
     );
     assert_eq!(failed, 0, "{errors:?}");
     let _ = m;
+}
+
+/// Completions of `TOKENS` tokens through the front door, one after the other until stopped.
+fn load_through(front_door: std::net::SocketAddr) -> Load {
+    Load::start(move || {
+        let body = json!({"model": "a", "prompt": "Hello there", "max_tokens": TOKENS});
+        match testkit::route::post(
+            front_door,
+            "/v1/completions",
+            &body,
+            Duration::from_secs(60),
+        ) {
+            Ok(r) if r.status == 200 => Ok(()),
+            Ok(r) => Err(format!("{} {}", r.status, r.text())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+}
+
+/// Tokens a request of `load_through` asks for: 4 s at the toy's `--token-time 50ms`. The
+/// warm-up asks for 4 (200 ms), as a real server's short warm-up beside long generations.
+const TOKENS: u32 = 80;
+
+/// Issue 24, item 11, the probe's setup: one replica with one slot, two clients sending 4-s
+/// requests through the front door (`queue_timeout` 6 s), the daemon killed with SIGKILL and
+/// started again. The replica was routed by a warm-up its own process passed: the new daemon's
+/// routed set holds it from its first snapshot on while the warm-up (waiting behind live work)
+/// re-verifies it, so no request waits out its `queue_timeout`.
+#[test]
+fn kill_9_with_a_busy_one_slot_model_behind_the_front_door_fails_no_request() {
+    let toy = Model::front_toy(
+        "a",
+        &[
+            "--load-time",
+            "3s",
+            "--service-time",
+            "0s",
+            "--token-time",
+            "50ms",
+        ],
+    )
+    .slots(1)
+    .scale(1, 1, 0);
+    let builder = testkit::route::front_door_daemon([toy], "queue_timeout = \"6s\"\n");
+    let Some(mut d) = in_cgroup(builder) else {
+        return;
+    };
+    let router = testkit::route::Router::start(&d);
+    d.wait_settled("a", 1, 0, Duration::from_secs(60));
+    let before = roster(&d, "a");
+    let connected = |router: &testkit::route::Router| {
+        wait_until(
+            "the router following the daemon",
+            Duration::from_secs(30),
+            || (router.metric("hearth_route_daemon_connected")? == 1.0).then_some(()),
+        )
+    };
+    connected(&router);
+    let clients = [load_through(router.addr), load_through(router.addr)];
+    for c in &clients {
+        c.more(1);
+    }
+    wait_until("the replica busy", Duration::from_secs(10), || {
+        router.busy_replica("a")
+    });
+    let spawned = spawned_lines(&d);
+    kill_9(&mut d);
+    d.restart();
+    let watch = d.watch(Some("a"));
+    let (_, first) = watch
+        .wait_for(0, Duration::from_secs(10), |v| v["event"] == "routed")
+        .expect("the routed snapshot");
+    assert_eq!(
+        endpoint_ids(&first.v),
+        vec![before[0].0.clone()],
+        "the adopted replica is routed from the first snapshot on:\n{}",
+        d.log_tail(30)
+    );
+    let verified = Instant::now();
+    wait_until(
+        "the warm-up re-verified it",
+        Duration::from_secs(60),
+        || {
+            d.log()
+                .contains("adopted: warm-up passed; it kept its place throughout")
+                .then_some(())
+        },
+    );
+    println!(
+        "kill -9 and restart under load: re-verified {:.1} s after the snapshot, routed throughout",
+        verified.elapsed().as_secs_f64()
+    );
+    connected(&router);
+    for c in &clients {
+        c.more(2);
+    }
+    let mut failed = Vec::new();
+    let mut ok = 0;
+    for c in clients {
+        let (n, f, errors) = c.finish();
+        ok += n;
+        if f > 0 {
+            failed.extend(errors);
+        }
+    }
+    println!(
+        "kill -9 with a busy 1-slot model: {ok} completions, {} failed",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}\n{}", d.log_tail(40));
+    assert!(
+        watch.routed_sets("a").iter().all(|s| !s.is_empty()),
+        "never an empty routed set: {:?}",
+        watch.routed_sets("a")
+    );
+    assert_eq!(roster(&d, "a"), before, "the same replica, pid and role");
+    assert_eq!(
+        spawned_lines(&d),
+        spawned,
+        "no cold start:\n{}",
+        d.log_tail(40)
+    );
 }
 
 #[test]

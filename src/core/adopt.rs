@@ -2,32 +2,40 @@
 //!
 //! The shell proves each one is the process that was started (pid, start time, cgroup) and
 //! hands the survivors over as a [`Ledger`]: what the core itself wrote down about them
-//! ([`Node::ledger`]). The core decides: a replica whose model is still configured with a
-//! launch spec `==` to the one it was made from (compared field by field; a field added since,
-//! at its default, is equal), whose port is in range and free and whose GPUs are known, is
-//! adopted; any other is stopped (SIGTERM, SIGKILL after `stop_grace`), never routed.
+//! ([`Node::ledger`]). A replica is one process for its whole life, so what its record says
+//! about warm-ups (`ever_warm`) was passed by that very process identity. The core decides: a
+//! replica whose model is still configured, whose port is in range and free and whose GPUs are
+//! known, is adopted; any other leaves (adopt_roles.rs): drained first when it was serving,
+//! stopped at once otherwise (SIGTERM, SIGKILL after `stop_grace`), never routed. One made from
+//! another launch spec than the configuration's (the file changed while hearth was down; a
+//! rollout under way at a hand-over) is adopted as the version a rollout replaces: it keeps
+//! serving until a replica of the configured version is routed in its place, then drains.
 //!
-//! - [`Adoption::HandedOver`]: the daemon re-executed itself (`hearth upgrade`, or a panic with a
-//!   hand-over written): each replica keeps its role (routed, warm, draining…) at once, so the
-//!   routed set never changes.
-//! - [`Adoption::Found`]: the daemon died without a hand-over (kill -9, OOM, a crash). Each
-//!   replica is re-verified with its warm-up request before it is routed again, then goes back
-//!   to the role the restored routed count gives it; none is cold-started.
+//! - [`Adoption::HandedOver`]: the daemon re-executed itself (`hearth upgrade`): each replica
+//!   keeps its role (routed, warm, draining…) at once, so the routed set never changes.
+//! - [`Adoption::Found`]: the daemon died without a hand-over (kill -9, OOM, a crash, a panic).
+//!   A replica is routed only after a warm-up passed by its process identity, in this run or in
+//!   the run it is adopted from: one that was routed keeps its place in the routed set while
+//!   its warm-up re-verifies it (a busy server answers the warm-up behind its work), and leaves
+//!   if the check fails; the others are re-verified before they take their roles back. None is
+//!   cold-started.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::event::{Action, LogLevel, ProbeKind, StopSignal};
+use super::event::{Action, LogLevel};
+use super::model::Rollout;
 use super::node::Node;
 use super::placement::Placed;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
 use crate::config::LaunchSpec;
 
-/// `stop_grace` for a replica whose model is no longer configured.
-const ORPHAN_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// What an adopted routed replica says while its warm-up re-verifies it.
+pub(super) const REVERIFYING: &str =
+    "adopted (was routed): keeps its place while its warm-up re-verifies it";
 /// Replica numbers beyond this are not believed (a corrupt ledger): `next_n` stays.
 const MAX_N: u64 = 1 << 48;
 
@@ -152,7 +160,7 @@ impl Node {
         if adopted + stopped > 0 {
             let how = match how {
                 Adoption::HandedOver => "handed over by the previous binary, roles kept",
-                Adoption::Found => "found alive after the previous run ended; warm-up first",
+                Adoption::Found => "found alive after the previous run ended; routed ones keep their places while their warm-ups re-verify them, the others warm up first",
             };
             self.log_global(
                 LogLevel::Info,
@@ -162,19 +170,15 @@ impl Node {
         }
     }
 
-    /// Why a recorded replica cannot be adopted; None: it can.
+    /// Why a recorded replica cannot be adopted; None: it can. A launch spec that differs from
+    /// the configuration's is no reason: the replica is adopted as a version being rolled away
+    /// from (`roll_from`), replaced, and drained once its replacement is routed.
     fn refusal(&self, how: Adoption, rec: &ReplicaRecord) -> Option<String> {
         let Some(m) = self.models.get(&rec.model) else {
             return Some("its model is no longer configured".into());
         };
         if m.removed {
             return Some("its model is being removed".into());
-        }
-        if *m.spec != rec.spec {
-            return Some(
-                "its launch spec differs from the configuration's (changed while hearth was down)"
-                    .into(),
-            );
         }
         if ReplicaId::new(&rec.model, rec.n).0 != rec.replica || rec.n > MAX_N {
             return Some("its record does not match its name".into());
@@ -188,19 +192,20 @@ impl Node {
         if let Some(u) = rec.gpus.iter().find(|u| self.gpus.slot(u).is_none()) {
             return Some(format!("its GPU {u} is not in the inventory"));
         }
-        if rec.gpus.len() != m.spec.gpus as usize {
+        if rec.gpus.len() != rec.spec.gpus as usize {
             return Some("its GPUs do not match its launch spec".into());
         }
         match (how, rec.state) {
             (_, ReplicaState::Pending) => Some("it was never started".into()),
-            (Adoption::Found, ReplicaState::Draining | ReplicaState::Stopping) => {
-                Some("it was leaving when hearth stopped".into())
+            (Adoption::Found, ReplicaState::Stopping) => {
+                Some("it was being stopped when hearth stopped".into())
             }
             _ => None,
         }
     }
 
-    /// Takes one recorded replica back; false: it is being stopped instead.
+    /// Takes one recorded replica back; false: it leaves instead (drained first if it was
+    /// serving).
     fn adopt_one(
         &mut self,
         how: Adoption,
@@ -220,72 +225,54 @@ impl Node {
                 m.next_n = m.next_n.max(rec.n + 1);
             }
         }
-        let spec = match self.models.get(&rec.model) {
-            Some(m) if *m.spec == rec.spec => Arc::clone(&m.spec),
-            _ => Arc::new(rec.spec.clone()),
-        };
+        let spec = self.spec_for(&rec.spec);
         let mut r = Replica::new(&rec.model, rec.n, spec, now, rec.restarts);
         r.id = id.clone();
         r.pid = Some(rec.pid);
         r.spawned_at = Some(now);
         r.adopted = true;
+        r.ever_warm = rec.ever_warm;
         if let Some(why) = refusal {
-            if self.ports.claim(rec.port) {
-                r.set_port(Some(rec.port));
-            }
-            let grace = self
-                .models
-                .get(&rec.model)
-                .map_or(ORPHAN_STOP_GRACE, |m| m.config.stop_grace);
-            r.state = ReplicaState::Stopping;
-            r.deadline = Some(now + grace);
-            r.reason = format!("not adopted: {why}").into();
-            self.replicas.insert(r);
-            out.push(Action::Signal {
-                replica: id.clone(),
-                pid: rec.pid,
-                signal: StopSignal::Term,
-            });
-            self.publish_state(&id, out);
-            self.log(
-                LogLevel::Warn,
-                &rec.model,
-                Some(&id),
-                format!(
-                    "not adopted (pid {}, port {}): {why}; stopping it",
-                    rec.pid, rec.port
-                ),
-                out,
-            );
+            self.refuse(r, &rec, &why, now, out);
             return false;
         }
         self.ports.claim(rec.port);
         r.set_port(Some(rec.port));
-        let devices: Vec<String> = rec
-            .gpus
-            .iter()
-            .filter(|u| self.gpus.slot(u).is_some())
-            .cloned()
-            .collect();
-        let bytes = self.gpus.bounded_bytes(&devices, rec.gpu_bytes);
-        let placed = Placed { devices, bytes };
-        let exclusive = rec.spec.gpu_memory.is_none();
-        self.gpus
-            .reserve(&id, &placed.devices, placed.bytes, exclusive);
-        r.gpus = placed.devices;
-        r.gpu_bytes = placed.bytes;
+        self.reserve_recorded(&mut r, &rec);
+        if self
+            .models
+            .get(&rec.model)
+            .is_some_and(|m| *m.spec != rec.spec)
+        {
+            self.roll_from(&rec.model, &r.spec, out);
+        }
         let recheck = r.spec.warmup.recheck;
         match how {
             Adoption::HandedOver => {
                 r.state = rec.state;
-                r.ever_warm = rec.ever_warm;
                 r.next_probe = now + recheck;
                 self.replicas.insert(r);
                 self.resume(&id, rec.state, now, out);
             }
+            // Routed by a warm-up this very process passed (its pid and start time, which the
+            // shell proved before handing the record over): it keeps its place while the
+            // same warm-up re-verifies it, so a busy replica is not hidden from the routers
+            // while the warm-up waits behind its work.
+            Adoption::Found if rec.state == ReplicaState::Routed && rec.ever_warm => {
+                r.state = ReplicaState::Routed;
+                r.reverifying = true;
+                r.reason = REVERIFYING.into();
+                r.next_probe = now;
+                self.replicas.insert(r);
+                self.send_warmup(&id, out);
+            }
+            Adoption::Found if rec.state == ReplicaState::Draining => {
+                r.state = ReplicaState::Draining;
+                self.replicas.insert(r);
+                self.resume(&id, ReplicaState::Draining, now, out);
+            }
             Adoption::Found => {
                 r.state = ReplicaState::Starting;
-                r.ever_warm = rec.ever_warm;
                 r.was_routed = rec.state == ReplicaState::Routed;
                 r.reason =
                     format!("adopted (was {}): re-verifying with its warm-up", rec.state).into();
@@ -307,63 +294,59 @@ impl Node {
         true
     }
 
-    /// A handed-over replica picks up where the previous binary left it.
-    fn resume(&mut self, id: &ReplicaId, state: ReplicaState, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
-            return;
-        };
-        let Some(m) = self.models.get(&r.model) else {
-            return;
-        };
-        let (drain, grace) = (m.config.scaling.drain_timeout, m.config.stop_grace);
-        match state {
-            ReplicaState::Starting => self.send_warmup(id, out),
-            ReplicaState::Draining => {
-                if let Some(r) = self.replicas.get_mut(id) {
-                    r.deadline = Some(now + drain);
-                    r.reason = "draining (handed over)".into();
-                }
+    /// The spec a recorded replica is made from, shared with the model's when `==`.
+    fn spec_for(&self, spec: &LaunchSpec) -> Arc<LaunchSpec> {
+        for m in self.models.values() {
+            if *m.spec == *spec {
+                return Arc::clone(&m.spec);
             }
-            ReplicaState::Stopping => {
-                if let Some(r) = self.replicas.get_mut(id) {
-                    r.deadline = Some(now + grace);
-                    r.reason = "stopping (handed over)".into();
-                    if let Some(pid) = r.pid {
-                        out.push(Action::Signal {
-                            replica: id.clone(),
-                            pid,
-                            signal: StopSignal::Term,
-                        });
-                    }
-                }
+            if let Some(r) = m.rollout.as_ref().filter(|r| *r.previous_spec == *spec) {
+                return Arc::clone(&r.previous_spec);
             }
-            ReplicaState::Pending | ReplicaState::Warm | ReplicaState::Routed => {}
         }
+        Arc::new(spec.clone())
     }
 
-    fn send_warmup(&mut self, id: &ReplicaId, out: &mut Vec<Action>) {
-        let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) else {
+    /// Reserves on the GPUs the record names (those the inventory knows) what it held.
+    pub(super) fn reserve_recorded(&mut self, r: &mut Replica, rec: &ReplicaRecord) {
+        let devices: Vec<String> = rec
+            .gpus
+            .iter()
+            .filter(|u| self.gpus.slot(u).is_some())
+            .cloned()
+            .collect();
+        let bytes = self.gpus.bounded_bytes(&devices, rec.gpu_bytes);
+        let placed = Placed { devices, bytes };
+        let exclusive = rec.spec.gpu_memory.is_none();
+        self.gpus
+            .reserve(&r.id, &placed.devices, placed.bytes, exclusive);
+        r.gpus = placed.devices;
+        r.gpu_bytes = placed.bytes;
+    }
+
+    /// A replica adopted with a launch spec other than the configuration's (the file changed
+    /// while hearth was down, or a rollout was under way when it was handed over) belongs to a
+    /// version being rolled away from: replicas of the configured one are started and warmed,
+    /// and it drains once one is routed in its place (`departing`), as after a reload.
+    fn roll_from(&mut self, model: &str, spec: &Arc<LaunchSpec>, out: &mut Vec<Action>) {
+        let Some(m) = self.models.get_mut(model) else {
             return;
         };
-        let Some(r) = self.replicas.get_mut(id) else {
+        if m.rollout.is_some() {
             return;
-        };
-        r.probe_in_flight = true;
-        out.push(Action::Probe {
-            replica: id.clone(),
-            kind: ProbeKind::Warmup,
-            after: Default::default(),
-            spec,
+        }
+        let mut previous = m.config.clone();
+        previous.launch = (**spec).clone();
+        let msg = format!(
+            "its launch spec differs from the configuration's (changed while hearth was down, or a rollout was under way): rolling out version {} from {}: new replicas warm before the adopted ones drain",
+            m.config.launch.version, spec.version
+        );
+        m.rollout = Some(Rollout {
+            previous,
+            previous_spec: Arc::clone(spec),
+            failures: 0,
+            halted: None,
         });
-    }
-
-    fn publish_state(&self, id: &ReplicaId, out: &mut Vec<Action>) {
-        if let Some(r) = self.replicas.get(id) {
-            out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
-                model: r.model.clone(),
-                replica: id.0.clone(),
-                state: r.state.into(),
-            }));
-        }
+        self.log(LogLevel::Info, model, None, msg, out);
     }
 }

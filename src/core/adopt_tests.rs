@@ -1,11 +1,12 @@
-//! Adoption with virtual time: replicas of an earlier run taken back in their roles, re-verified
-//! first after an unplanned death, stopped when they no longer match; no cold start for any
-//! that matches.
+//! Adoption with virtual time: replicas of an earlier run taken back in their roles (routed ones
+//! keep their places while re-verified after an unplanned death), rolled over when their model
+//! changed, drained before they stop when they cannot be taken back; no cold start for any that
+//! matches. `adopt_found_tests.rs`: the re-verification of routed ones in place.
 
 use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
 
-fn two_models(a_command: &str) -> String {
+pub(super) fn two_models(a_command: &str) -> String {
     let a = model("a", "", "min = 2\nmax = 8\nwarm_pool = 1")
         .replace("gpus = 0", "gpus = 1\ngpu_memory = \"10GiB\"")
         .replace("\"server\"", &format!("\"{a_command}\""));
@@ -14,7 +15,7 @@ fn two_models(a_command: &str) -> String {
 }
 
 /// A settled node of `toml` (a: 2 routed + 1 warm on GPUs; b: 1 routed) and its ledger.
-fn earlier_run(toml: &str) -> (Harness, Ledger) {
+pub(super) fn earlier_run(toml: &str) -> (Harness, Ledger) {
     let mut h = Harness::new(toml);
     let first = h.log.clone();
     h.settle(first);
@@ -24,7 +25,7 @@ fn earlier_run(toml: &str) -> (Harness, Ledger) {
     (h, ledger)
 }
 
-fn probes(actions: &[Action], kind: ProbeKind) -> Vec<ReplicaId> {
+pub(super) fn probes(actions: &[Action], kind: ProbeKind) -> Vec<ReplicaId> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -42,7 +43,7 @@ fn probes(actions: &[Action], kind: ProbeKind) -> Vec<ReplicaId> {
         .collect()
 }
 
-fn pids(h: &Harness) -> Vec<(ReplicaId, Option<u32>, ReplicaState)> {
+pub(super) fn pids(h: &Harness) -> Vec<(ReplicaId, Option<u32>, ReplicaState)> {
     h.node
         .replicas
         .values()
@@ -50,8 +51,33 @@ fn pids(h: &Harness) -> Vec<(ReplicaId, Option<u32>, ReplicaState)> {
         .collect()
 }
 
+/// The replicas sent SIGTERM in `actions` while routed: not published as draining (or
+/// stopping on their own account) before. A routed replica leaves by a drain.
+pub(super) fn stopped_undrained(actions: &[Action], routed: &[&str]) -> Vec<String> {
+    let mut drained = std::collections::BTreeSet::new();
+    let mut undrained = Vec::new();
+    for a in actions {
+        match a {
+            Action::Publish(crate::protocol::WatchEvent::Replica { replica, state, .. })
+                if *state == ReplicaState::Draining.into() =>
+            {
+                drained.insert(replica.clone());
+            }
+            Action::Signal {
+                replica,
+                signal: StopSignal::Term,
+                ..
+            } if routed.contains(&replica.as_str()) && !drained.contains(replica.as_str()) => {
+                undrained.push(replica.0.clone());
+            }
+            _ => {}
+        }
+    }
+    undrained
+}
+
 #[test]
-fn found_replicas_are_re_verified_then_take_their_roles_back_without_a_cold_start() {
+fn found_replicas_keep_their_routed_places_while_re_verified_then_all_roles_without_a_cold_start() {
     let toml = two_models("server");
     let (old, ledger) = earlier_run(&toml);
     let mut h = Harness::bare(&toml);
@@ -62,10 +88,17 @@ fn found_replicas_are_re_verified_then_take_their_roles_back_without_a_cold_star
     let mut verifying = probes(&out, ProbeKind::Warmup);
     verifying.sort();
     assert_eq!(verifying.len(), 4, "every replica is re-verified: {out:?}");
-    assert!(
-        routed_sets(&out).iter().all(|s| s.is_empty()),
-        "nothing routed before its warm-up"
+    // The routed ones were routed by a warm-up their own processes passed: they keep their
+    // places in the routed set while the warm-up runs again; the warm one is not promoted.
+    let mut sets = routed_sets(&out);
+    sets.sort();
+    assert_eq!(
+        sets,
+        vec![vec!["a-1".to_string(), "a-2".into()], vec!["b-1".into()]],
+        "the routed set is the earlier run's from the start"
     );
+    let a3 = ReplicaId("a-3".into());
+    assert_eq!(h.node.replicas[&a3].state, ReplicaState::Starting);
     let mut all = out;
     all.extend(h.send(Event::Tick));
     // The one that was warm answers first: it must not take a routed one's place.
@@ -83,6 +116,12 @@ fn found_replicas_are_re_verified_then_take_their_roles_back_without_a_cold_star
     all.extend(h.run_for(std::time::Duration::from_secs(3)));
     assert_eq!(spawns(&all), 0, "no cold start at all");
     assert_eq!(pids(&h), pids(&old), "the same replicas, pids and roles");
+    assert_eq!(
+        routed_sets(&all).len(),
+        2,
+        "the routed sets were published once, at the adoption, and never changed: {:?}",
+        routed_sets(&all)
+    );
     assert!(
         !all.iter().any(|a| matches!(
             a,
@@ -134,22 +173,48 @@ fn handed_over_replicas_keep_their_roles_in_the_same_event() {
 }
 
 #[test]
-fn a_model_changed_while_down_rolls_out_and_the_untouched_one_is_adopted() {
+fn a_model_changed_while_down_rolls_out_draining_its_routed_replicas_and_the_untouched_one_is_adopted(
+) {
+    for how in [Adoption::Found, Adoption::HandedOver] {
+        rolls_out_after(how);
+    }
+}
+
+/// Adopted with the launch spec of an earlier file: the warm one (serving nothing) is stopped
+/// at once, the routed ones keep serving until replicas of the new spec are routed in their
+/// places, then drain; never a stop while routed.
+fn rolls_out_after(how: Adoption) {
     let (_, ledger) = earlier_run(&two_models("server"));
     let mut h = Harness::bare(&two_models("server-v2"));
-    let out = h.send(Event::Adopt {
-        how: Adoption::Found,
-        ledger,
-    });
-    let mut stopped = signals(&out, StopSignal::Term);
-    stopped.sort();
-    assert_eq!(stopped, ["a-1", "a-2", "a-3"].map(|s| ReplicaId(s.into())));
+    let out = h.send(Event::Adopt { how, ledger });
+    let stopped = signals(&out, StopSignal::Term);
+    assert_eq!(stopped, [ReplicaId("a-3".into())], "{how:?}: {out:?}");
+    let mut sets = routed_sets(&out);
+    sets.sort();
     assert_eq!(
-        probes(&out, ProbeKind::Warmup),
-        vec![ReplicaId("b-1".into())]
+        sets,
+        vec![vec!["a-1".to_string(), "a-2".into()], vec!["b-1".into()]],
+        "{how:?}: the routed ones keep serving"
     );
-    let mut tick = out.clone();
-    tick.extend(h.send(Event::Tick));
+    let verified = probes(&out, ProbeKind::Warmup);
+    let expect: Vec<ReplicaId> = match how {
+        // The warm one too (its warm-up goes out before the rollout stops it).
+        Adoption::Found => ["a-1", "a-2", "a-3", "b-1"]
+            .map(|s| ReplicaId(s.into()))
+            .to_vec(),
+        Adoption::HandedOver => Vec::new(),
+    };
+    let mut verified_sorted = verified.clone();
+    verified_sorted.sort();
+    assert_eq!(verified_sorted, expect, "{how:?}");
+    for id in verified.iter().filter(|id| id.0 != "a-3") {
+        h.warm(id);
+    }
+    // The stopped one exits (start_alone: nothing new starts on its GPU before).
+    let mark = h.log.len();
+    h.exit(&ReplicaId("a-3".into()), "exit status 0");
+    h.send(Event::Tick);
+    let tick = h.log[mark..].to_vec();
     let new: Vec<&SpawnSpec> = tick
         .iter()
         .filter_map(|a| match a {
@@ -157,13 +222,46 @@ fn a_model_changed_while_down_rolls_out_and_the_untouched_one_is_adopted() {
             _ => None,
         })
         .collect();
-    assert!(!new.is_empty());
+    assert!(!new.is_empty(), "{how:?}");
     assert!(new
         .iter()
         .all(|s| s.model == "a" && s.command[0] == "server-v2"));
     assert!(new
         .iter()
         .all(|s| s.replica.0 != "a-1" && s.replica.0 != "a-2" && s.replica.0 != "a-3"));
+    // The new version comes up; the old routed ones drain once it is routed, then stop.
+    h.settle(tick);
+    h.run_for(std::time::Duration::from_secs(2));
+    for id in ["a-1", "a-2"] {
+        let r = &h.node.replicas[&ReplicaId(id.into())];
+        assert_eq!(r.state, ReplicaState::Draining, "{how:?} {id}: {r:?}");
+        // Its work done: it stops.
+        h.report("a", Some(id), 0.0, 0, 0);
+    }
+    assert_eq!(
+        stopped_undrained(&h.log, &["a-1", "a-2", "b-1"]),
+        Vec::<String>::new(),
+        "{how:?}"
+    );
+    let routed: Vec<String> = h
+        .in_state("a", ReplicaState::Routed)
+        .iter()
+        .map(|r| r.0.clone())
+        .collect();
+    assert_eq!(routed.len(), 2, "{how:?}: {routed:?}");
+    assert!(routed.iter().all(|r| r != "a-1" && r != "a-2"));
+    for id in ["a-1", "a-2"] {
+        let r = &h.node.replicas[&ReplicaId(id.into())];
+        assert_eq!(
+            r.state,
+            ReplicaState::Stopping,
+            "{how:?} {id}: drained, then stopped"
+        );
+    }
+    assert_eq!(
+        h.in_state("b", ReplicaState::Routed),
+        [ReplicaId("b-1".into())]
+    );
 }
 
 #[test]
@@ -189,7 +287,7 @@ fn a_field_missing_from_the_saved_spec_reads_as_its_default_and_still_matches() 
 }
 
 #[test]
-fn records_that_do_not_fit_are_stopped_never_routed_and_numbers_are_bounded() {
+fn records_that_do_not_fit_leave_drained_never_routed_and_numbers_are_bounded() {
     let toml = two_models("server");
     let (_, mut ledger) = earlier_run(&toml);
     let by = |l: &mut Ledger, id: &str| -> usize {
@@ -212,14 +310,15 @@ fn records_that_do_not_fit_are_stopped_never_routed_and_numbers_are_bounded() {
         how: Adoption::HandedOver,
         ledger,
     });
-    let mut stopped = signals(&out, StopSignal::Term);
-    stopped.sort();
-    assert_eq!(stopped, ["a-1", "a-2", "b-1"].map(|s| ReplicaId(s.into())));
+    // All three were routed: they leave by a drain, out of the routed set from the start.
+    assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
     for id in ["a-1", "a-2", "b-1"] {
         let r = &h.node.replicas[&ReplicaId(id.into())];
-        assert_eq!(r.state, ReplicaState::Stopping, "{id}: {r:?}");
+        assert_eq!(r.state, ReplicaState::Draining, "{id}: {r:?}");
         assert!(r.reason.starts_with("not adopted"), "{}", r.reason);
     }
+    // Its process holds port 9 until it exits: booked, outside the range.
+    assert_eq!(h.node.replicas[&ReplicaId("a-1".into())].port, Some(9));
     let a3 = &h.node.replicas[&ReplicaId("a-3".into())];
     assert_eq!(a3.gpu_bytes, 80 << 30, "bounded by the device");
     let m = &h.node.models["a"];
@@ -233,20 +332,62 @@ fn records_that_do_not_fit_are_stopped_never_routed_and_numbers_are_bounded() {
         "numbering goes on from the records"
     );
     assert_eq!(m.desired_routed, 8, "clamped to max");
-    let more = h.run_for(std::time::Duration::from_secs(2));
-    let routed: Vec<String> = routed_sets(&more).concat();
+    let mut all = out;
+    all.extend(h.run_for(std::time::Duration::from_secs(2)));
+    let routed: Vec<String> = routed_sets(&all).concat();
     assert!(!routed
         .iter()
         .any(|r| r == "a-1" || r == "a-2" || r == "b-1"));
+    // One reports its work done and stops at once; the others at the drain timeout (5 m).
+    h.report("a", Some("a-1"), 0.0, 0, 0);
+    assert_eq!(
+        h.node.replicas[&ReplicaId("a-1".into())].state,
+        ReplicaState::Stopping
+    );
+    h.run_for(std::time::Duration::from_secs(5 * 60));
+    for id in ["a-2", "b-1"] {
+        let r = &h.node.replicas[&ReplicaId(id.into())];
+        assert_eq!(r.state, ReplicaState::Stopping, "{id}: {r:?}");
+    }
+    assert_eq!(
+        stopped_undrained(&h.log, &["a-1", "a-2", "b-1"]),
+        Vec::<String>::new()
+    );
     // SIGKILL after stop_grace, as for any stop.
     let later = h.run_for(std::time::Duration::from_secs(6));
     let mut killed = signals(&later, StopSignal::Kill);
     killed.sort();
-    assert_eq!(killed, ["a-1", "a-2", "b-1"].map(|s| ReplicaId(s.into())));
+    assert_eq!(killed, ["a-2", "b-1"].map(|s| ReplicaId(s.into())));
 }
 
 #[test]
-fn an_adopted_replica_that_answers_its_warm_up_wrongly_is_stopped_without_a_failure() {
+fn a_record_of_a_model_no_longer_configured_is_drained_then_stopped_and_killed() {
+    let (_, ledger) = earlier_run(&two_models("server"));
+    // b is gone from the file; its routed replica drains, then stops, then is killed.
+    let only_a = format!(
+        "{BASE}{}",
+        model("a", "", "min = 2\nmax = 8\nwarm_pool = 1")
+            .replace("gpus = 0", "gpus = 1\ngpu_memory = \"10GiB\"")
+    );
+    let mut h = Harness::bare(&only_a);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    let b1 = ReplicaId("b-1".into());
+    assert!(!signals(&out, StopSignal::Term).contains(&b1), "{out:?}");
+    assert_eq!(h.node.replicas[&b1].state, ReplicaState::Draining);
+    let drained = h.run_for(super::lifecycle::ORPHAN_DRAIN + std::time::Duration::from_secs(1));
+    assert!(signals(&drained, StopSignal::Term).contains(&b1));
+    let killed = h.run_for(super::lifecycle::ORPHAN_STOP_GRACE + std::time::Duration::from_secs(1));
+    assert!(signals(&killed, StopSignal::Kill).contains(&b1));
+    h.exit(&b1, "signal: 9 (SIGKILL)");
+    assert!(!h.node.replicas.contains_key(&b1));
+}
+
+#[test]
+fn an_adopted_replica_that_answers_its_warm_up_wrongly_leaves_without_a_failure_drained_if_routed()
+{
     let toml = two_models("server");
     let (_, ledger) = earlier_run(&toml);
     let mut h = Harness::bare(&toml);
@@ -254,8 +395,8 @@ fn an_adopted_replica_that_answers_its_warm_up_wrongly_is_stopped_without_a_fail
         how: Adoption::Found,
         ledger,
     });
-    let out = h.send(Event::Probed {
-        replica: ReplicaId("b-1".into()),
+    let wrong = |replica: &str| Event::Probed {
+        replica: ReplicaId(replica.into()),
         kind: ProbeKind::Warmup,
         outcome: ProbeOutcome {
             ok: false,
@@ -263,13 +404,26 @@ fn an_adopted_replica_that_answers_its_warm_up_wrongly_is_stopped_without_a_fail
             detail: "port 30003 is answered by pid 77 (sleep), not by a process of this replica"
                 .into(),
         },
-    });
+    };
+    // b-1 was routed and kept its place: it leaves the routed set and drains.
+    let out = h.send(wrong("b-1"));
+    assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
+    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    assert_eq!(b1.state, ReplicaState::Draining);
+    assert!(
+        b1.reason.contains("adopted, but its warm-up failed"),
+        "{}",
+        b1.reason
+    );
+    assert_eq!(routed_sets(&out), vec![Vec::<String>::new()]);
+    // a-3 was warm: it is stopped at once.
+    let out = h.send(wrong("a-3"));
     assert_eq!(
         signals(&out, StopSignal::Term),
-        vec![ReplicaId("b-1".into())]
+        vec![ReplicaId("a-3".into())]
     );
     assert!(h.node.models["b"].failures.is_empty());
-    assert!(routed_sets(&out).iter().all(|s| s.is_empty()));
+    assert!(h.node.models["a"].failures.is_empty());
 }
 
 #[test]

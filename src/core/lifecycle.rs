@@ -1,6 +1,7 @@
 //! Replica lifecycle transitions: spawn results, exits, failures, drains, stops, deadlines.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::event::{Action, LogLevel, ProbeKind, StopSignal};
 use super::node::{Node, ShutdownState};
@@ -8,6 +9,12 @@ use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::Time;
 use crate::protocol::{WatchEvent, WatchedState};
 use crate::units::short_duration as fmt_dur;
+
+/// `stop_grace` for a replica whose model is no longer configured (an earlier run's).
+pub(super) const ORPHAN_STOP_GRACE: Duration = Duration::from_secs(10);
+/// `drain_timeout` for a replica whose model is no longer configured and that was routed when
+/// the earlier run ended: its reports are refused (no such model), so the drain ends here.
+pub(super) const ORPHAN_DRAIN: Duration = Duration::from_secs(60);
 
 impl Node {
     pub(super) fn tick(&mut self, now: Time, out: &mut Vec<Action>) {
@@ -24,11 +31,19 @@ impl Node {
             let Some(r) = self.replicas.get(&id) else {
                 continue;
             };
-            let Some(m) = self.models.get(&r.model) else {
-                continue;
+            // Draining and stopping need no model: an earlier run's replica whose model is no
+            // longer configured leaves like any other.
+            let model = self.models.get(&r.model);
+            let m = match (r.state, model) {
+                (ReplicaState::Draining | ReplicaState::Stopping, _) => None,
+                (_, Some(m)) => Some(m),
+                (_, None) => continue,
             };
-            match r.state {
-                ReplicaState::Starting => {
+            match (r.state, m) {
+                (ReplicaState::Warm | ReplicaState::Routed, _) if r.reverifying => {
+                    self.reverify_deadline(&id, now, out);
+                }
+                (ReplicaState::Starting, Some(m)) => {
                     let limit = m.config_of(&r.spec).launch.warmup.startup_timeout;
                     if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
                         let _ = at;
@@ -44,7 +59,7 @@ impl Node {
                         self.fail(&id, &why, now, out);
                     }
                 }
-                ReplicaState::Warm | ReplicaState::Routed => {
+                (ReplicaState::Warm | ReplicaState::Routed, Some(m)) => {
                     let kind = if r.state == ReplicaState::Warm {
                         ProbeKind::Recheck
                     } else {
@@ -72,41 +87,39 @@ impl Node {
                         }
                     }
                 }
-                ReplicaState::Draining => {
-                    if r.deadline.is_some_and(|d| now >= d) {
-                        self.stop(
-                            &id,
-                            "drain timeout: stopping with work possibly in flight",
-                            false,
-                            now,
+                (ReplicaState::Draining, _) if r.deadline.is_some_and(|d| now >= d) => {
+                    self.stop(
+                        &id,
+                        "drain timeout: stopping with work possibly in flight",
+                        false,
+                        now,
+                        out,
+                    );
+                }
+                (ReplicaState::Stopping, _)
+                    if !r.killed && r.deadline.is_some_and(|d| now >= d) =>
+                {
+                    if let Some(pid) = r.pid {
+                        let Some(r) = self.replicas.get_mut(&id) else {
+                            continue;
+                        };
+                        r.killed = true;
+                        out.push(Action::Signal {
+                            replica: id.clone(),
+                            pid,
+                            signal: StopSignal::Kill,
+                        });
+                        let model = r.model.clone();
+                        self.log(
+                            LogLevel::Warn,
+                            &model,
+                            Some(&id),
+                            "did not stop within stop_grace: SIGKILL".into(),
                             out,
                         );
                     }
                 }
-                ReplicaState::Stopping => {
-                    if !r.killed && r.deadline.is_some_and(|d| now >= d) {
-                        if let Some(pid) = r.pid {
-                            let Some(r) = self.replicas.get_mut(&id) else {
-                                continue;
-                            };
-                            r.killed = true;
-                            out.push(Action::Signal {
-                                replica: id.clone(),
-                                pid,
-                                signal: StopSignal::Kill,
-                            });
-                            let model = r.model.clone();
-                            self.log(
-                                LogLevel::Warn,
-                                &model,
-                                Some(&id),
-                                "did not stop within stop_grace: SIGKILL".into(),
-                                out,
-                            );
-                        }
-                    }
-                }
-                ReplicaState::Pending => {}
+                _ => {}
             }
         }
         self.ports.expire_busy(now);
@@ -130,6 +143,19 @@ impl Node {
         let Some(r) = self.replicas.get_mut(id) else {
             return;
         };
+        // A replica is one process for its whole life: what its warm-up proved is about that
+        // process. A second spawn report (which the supervisor never sends) does not replace it.
+        if let Some(first) = r.pid.filter(|p| *p != pid) {
+            let model = r.model.clone();
+            self.log(
+                LogLevel::Warn,
+                &model,
+                Some(id),
+                format!("a second process (pid {pid}) reported for it: ignored, it is pid {first}"),
+                out,
+            );
+            return;
+        }
         r.pid = Some(pid);
         match r.state {
             ReplicaState::Starting => {
@@ -272,12 +298,15 @@ impl Node {
         let Some(r) = self.replicas.get(id) else {
             return;
         };
-        let Some(m) = self.models.get(&r.model) else {
-            return;
-        };
-        let mut deadline = now + m.config.scaling.drain_timeout;
+        let (drain, grace) = self
+            .models
+            .get(&r.model)
+            .map_or((ORPHAN_DRAIN, ORPHAN_STOP_GRACE), |m| {
+                (m.config.scaling.drain_timeout, m.config.stop_grace)
+            });
+        let mut deadline = now + drain;
         if let Some(sd) = &self.shutdown {
-            deadline = deadline.min(sd.deadline - m.config.stop_grace);
+            deadline = deadline.min(sd.deadline - grace);
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Draining, now, out);
@@ -315,10 +344,11 @@ impl Node {
             self.forget(id, why, out);
             return;
         }
-        let Some(m) = self.models.get(&r.model) else {
-            return;
-        };
-        let mut deadline = now + m.config.stop_grace;
+        let grace = self
+            .models
+            .get(&r.model)
+            .map_or(ORPHAN_STOP_GRACE, |m| m.config.stop_grace);
+        let mut deadline = now + grace;
         if let Some(sd) = &self.shutdown {
             deadline = deadline.min(sd.deadline);
         }
@@ -454,7 +484,9 @@ fn tick_may_act(r: &Replica, now: Time) -> bool {
     match r.state {
         ReplicaState::Pending => false,
         ReplicaState::Starting => true,
-        ReplicaState::Warm | ReplicaState::Routed => !r.probe_in_flight && now >= r.next_probe,
+        ReplicaState::Warm | ReplicaState::Routed => {
+            r.reverifying || (!r.probe_in_flight && now >= r.next_probe)
+        }
         ReplicaState::Draining => r.deadline.is_some_and(|d| now >= d),
         ReplicaState::Stopping => !r.killed && r.deadline.is_some_and(|d| now >= d),
     }

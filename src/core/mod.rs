@@ -13,6 +13,9 @@
 
 mod adopt;
 #[cfg(test)]
+mod adopt_found_tests;
+mod adopt_roles;
+#[cfg(test)]
 mod adopt_tests;
 #[cfg(test)]
 mod autoscaler_tests;

@@ -74,6 +74,11 @@ impl PortPool {
     pub fn claim(&mut self, p: u16) -> bool {
         self.claimable(p) && self.in_use.insert(p)
     }
+    /// Books `p`, in the range or outside it, for a process that holds it now (an earlier
+    /// run's replica that is leaving); false if a replica holds it already.
+    pub fn claim_held(&mut self, p: u16) -> bool {
+        self.in_use.insert(p)
+    }
     pub fn give_back(&mut self, p: u16) {
         self.in_use.remove(&p);
     }

@@ -34,6 +34,12 @@ impl Node {
             return;
         };
         r.probe_in_flight = false;
+        if kind == ProbeKind::Warmup
+            && r.reverifying
+            && matches!(r.state, ReplicaState::Warm | ReplicaState::Routed)
+        {
+            return self.reverified(id, o, now, out);
+        }
         let Some(m) = self.models.get(&r.model) else {
             return;
         };

@@ -41,12 +41,17 @@ pub struct Replica {
     pub version: Arc<str>,
     /// What it was made from: it belongs to a configuration whose launch spec is `==` to this.
     pub spec: Arc<LaunchSpec>,
-    /// It passed its warm-up once.
+    /// It passed its warm-up once. A replica is one process for its whole life (its pid is set
+    /// once, when it is spawned or adopted): this is a warm-up passed by that process identity,
+    /// in this run or in the run it was adopted from (its record says so).
     pub ever_warm: bool,
     /// Taken over from an earlier run of the daemon (core/adopt.rs), not started by this one.
     pub adopted: bool,
     /// Adopted from a run in which it was routed: it gets its place back first.
     pub was_routed: bool,
+    /// Adopted after an unplanned death while routed: it kept its place, and its warm-up is
+    /// re-verifying it (adopt_roles.rs). Not promotable until that passes.
+    pub reverifying: bool,
     pub state: ReplicaState,
     /// When it entered `state`.
     pub since: Time,
@@ -119,6 +124,7 @@ impl Replica {
             ever_warm: false,
             adopted: false,
             was_routed: false,
+            reverifying: false,
             state: ReplicaState::Pending,
             since: now,
             since_event: 0,
@@ -167,7 +173,7 @@ impl Replica {
 
     /// Warm and not under suspicion: safe to hand traffic to.
     pub fn promotable(&self) -> bool {
-        self.state == ReplicaState::Warm && self.probe_failures == 0
+        self.state == ReplicaState::Warm && self.probe_failures == 0 && !self.reverifying
     }
 }
 

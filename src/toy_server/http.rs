@@ -107,7 +107,7 @@ async fn completion(state: Arc<State>, req: Request<Incoming>) -> Response<Full<
         .to_string();
     let prompt_tokens = prompt_tokens(body.get("prompt"));
 
-    let id = state.queue.serve(state.service_time).await;
+    let id = state.queue.serve(hold_time(&state, &body)).await;
     mark(&state);
 
     let mut resp = json_response(
@@ -224,6 +224,18 @@ fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
+/// How long a completion holds its slot: `--service-time`, plus `--token-time` per token
+/// asked for (OpenAI's default of 16 when the body names none; at most `MAX_TOKENS`).
+fn hold_time(state: &State, body: &Value) -> std::time::Duration {
+    const MAX_TOKENS: u64 = 4096;
+    let tokens = body
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(16)
+        .min(MAX_TOKENS);
+    state.service_time + state.token_time * tokens as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_server::{args, until, Server};
@@ -321,6 +333,36 @@ mod tests {
         }
         assert_eq!(text.lines().last(), Some("# EOF"), "{text}");
         assert_eq!(text.matches("# TYPE ").count(), 5, "{text}");
+        s.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn token_time_holds_the_slot_per_token_asked_for() {
+        let s = Server::start(
+            ToyArgs {
+                service_time: Duration::ZERO,
+                token_time: Duration::from_millis(50),
+                ..args()
+            },
+            None,
+        )
+        .await;
+        let timed = |body: &'static str| {
+            let s = &s;
+            async move {
+                let t = std::time::Instant::now();
+                assert_eq!(s.complete(body).await.unwrap().0, 200);
+                t.elapsed()
+            }
+        };
+        let long = timed(r#"{"max_tokens":20}"#).await;
+        assert!(long >= Duration::from_millis(1000), "{long:?}");
+        let short = timed(r#"{"max_tokens":2}"#).await;
+        assert!(short >= Duration::from_millis(100), "{short:?}");
+        // Bounded: an absurd max_tokens holds the slot for 4096 tokens, not for ever (not
+        // waited for here), and the default is 16.
+        let default = timed("{}").await;
+        assert!(default >= Duration::from_millis(800), "{default:?}");
         s.stop().await.unwrap();
     }
 

@@ -53,6 +53,11 @@ pub struct ToyArgs {
     /// How long each completion holds its slot.
     #[arg(long, default_value = "200ms", value_parser = crate::units::parse_duration)]
     pub service_time: Duration,
+    /// Also hold the slot this long per token asked for (`max_tokens`, 16 when absent, at most
+    /// 4096), as a real server generates: a 4-token warm-up is then short beside long
+    /// generations.
+    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
+    pub token_time: Duration,
     /// Answer completions with 500 (a model that loads but cannot serve).
     #[arg(long)]
     pub fail_warmup: bool,
@@ -97,6 +102,7 @@ struct State {
     hung: watch::Sender<bool>,
     fail_warmup: bool,
     service_time: Duration,
+    token_time: Duration,
     queue: Arc<queue::Queue>,
 }
 
@@ -171,6 +177,7 @@ pub async fn serve(
         hung: watch::Sender::new(false),
         fail_warmup: args.fail_warmup,
         service_time: args.service_time,
+        token_time: args.token_time,
         queue: Arc::new(queue::Queue::new(args.concurrency)),
     });
     println!(

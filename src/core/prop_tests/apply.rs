@@ -41,7 +41,7 @@ impl World {
                 let kind = [ProbeKind::Warmup, ProbeKind::Recheck, ProbeKind::Liveness]
                     [usize::from(kind) % 3];
                 if ok && kind == ProbeKind::Warmup {
-                    self.warmed.insert(r.clone());
+                    self.warm_passed(&r);
                 }
                 self.send(Event::Probed {
                     replica: r,
@@ -228,6 +228,10 @@ impl World {
             Step::Shutdown(immediate) => {
                 self.send(Event::Shutdown { immediate });
             }
+            Step::Restart {
+                handed_over,
+                config,
+            } => self.restart(handed_over, config),
         }
     }
 }

@@ -194,6 +194,12 @@ pub(super) enum Step {
     ConfigRead(u8),
     Read(u8, u8),
     Shutdown(bool),
+    /// The daemon ends and a new one adopts its replicas: after a hand-over (`hearth upgrade`)
+    /// or a kill -9; with the configuration in force, or (one time in four) another.
+    Restart {
+        handed_over: bool,
+        config: u8,
+    },
 }
 
 impl Step {
@@ -237,6 +243,8 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         1 => any::<u8>().prop_map(Step::ConfigRead),
         2 => (0u8..4, any::<u8>()).prop_map(|(op, m)| Step::Read(op, m)),
         1 => prop::bool::weighted(0.3).prop_map(Step::Shutdown),
+        1 => (any::<bool>(), any::<u8>())
+            .prop_map(|(handed_over, config)| Step::Restart { handed_over, config }),
     ]
 }
 

@@ -9,7 +9,12 @@
 //!   port range can hold, and an answer's size by the replicas and models, never by a number or
 //!   a string a client sent;
 //! - ports and GPU reservations match the live replicas exactly;
-//! - a replica is routed only after a warm-up passed (one this test sent);
+//! - a replica is routed only after a warm-up passed (one this test sent) by its process
+//!   identity (its pid), in this run or in the run it was adopted from: the world restarts the
+//!   node now and then (`Step::Restart`: a kill -9 or a hand-over, the same configuration or
+//!   another) and hands the new node the old one's ledger, as the shell does once containment
+//!   has proved each process; a routed replica with a process keeps its place across a restart
+//!   of the same configuration, and none that was routed is stopped without a drain;
 //! - the routed set a watcher last saw for each model is the one routed now;
 //! - the replica table's indexes agree with its replicas;
 //!
@@ -30,6 +35,7 @@ use proptest::prelude::*;
 mod apply;
 mod inputs;
 mod many;
+mod restart;
 use inputs::{configs, step, Step};
 
 use super::replica::Replica;
@@ -44,8 +50,10 @@ struct World {
     configs: Vec<Config>,
     next_pid: u32,
     next_req: u64,
-    /// Replicas whose warm-up this test passed.
-    warmed: BTreeSet<ReplicaId>,
+    /// Replicas whose warm-up this test passed, with the pid of their process then (None: a
+    /// hostile step answered a warm-up before the process was known; it counts for the process
+    /// that then appears). Kept across restarts: the same processes, adopted.
+    warmed: BTreeSet<(ReplicaId, Option<u32>)>,
     /// Replicas sent SIGKILL: their process ends whatever the hostile steps did with the
     /// action, and the supervisor reports it (by `behave` at the latest).
     killed: BTreeSet<ReplicaId>,
@@ -276,15 +284,21 @@ impl World {
             }
         }
         for a in &out {
-            if let Action::Publish(WatchEvent::Replica {
-                replica,
-                state: WatchedState::State(ReplicaState::Routed),
-                ..
-            }) = a
-            {
+            let routed: Vec<&String> = match a {
+                Action::Publish(WatchEvent::Replica {
+                    replica,
+                    state: WatchedState::State(ReplicaState::Routed),
+                    ..
+                }) => vec![replica],
+                Action::Publish(WatchEvent::Routed { endpoints, .. }) => {
+                    endpoints.iter().map(|e| &e.replica).collect()
+                }
+                _ => Vec::new(),
+            };
+            for replica in routed {
                 assert!(
-                    self.warmed.contains(&ReplicaId(replica.clone())),
-                    "{replica} routed without a warm-up passed"
+                    self.was_warmed(&ReplicaId(replica.clone())),
+                    "{replica} routed without a warm-up passed by its process"
                 );
             }
         }
@@ -303,6 +317,18 @@ impl World {
         }
         self.check_books();
         out
+    }
+
+    /// A warm-up passed for `id` now: by its process now.
+    fn warm_passed(&mut self, id: &ReplicaId) {
+        let pid = self.node.replicas.get(id).and_then(|r| r.pid);
+        self.warmed.insert((id.clone(), pid));
+    }
+
+    /// A warm-up passed by `id`'s process (in this run, or in one it was adopted from).
+    fn was_warmed(&self, id: &ReplicaId) -> bool {
+        let pid = self.node.replicas.get(id).and_then(|r| r.pid);
+        self.warmed.contains(&(id.clone(), pid)) || self.warmed.contains(&(id.clone(), None))
     }
 
     /// Ports and GPU reservations are exactly those of the live replicas; the replica table's
@@ -406,7 +432,7 @@ impl World {
                         }
                         Action::Probe { replica, kind, .. } => {
                             if kind == ProbeKind::Warmup {
-                                self.warmed.insert(replica.clone());
+                                self.warm_passed(&replica);
                             }
                             Event::Probed {
                                 replica,
