@@ -19,6 +19,7 @@ pub fn args() -> ToyArgs {
         load_time: Duration::ZERO,
         concurrency: 1,
         service_time: Duration::from_millis(200),
+        model: None,
         fail_warmup: false,
         crash_after: None,
         hang_after: None,
