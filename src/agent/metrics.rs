@@ -405,6 +405,7 @@ mod tests {
             in_flight: Some(1),
             age_ms: Some(10),
             router: None,
+            routers: Vec::new(),
         };
         let quiet = model("q");
         let gpus = vec![GpuView {

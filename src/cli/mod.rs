@@ -362,6 +362,28 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         }
     };
     match (render, response) {
+        // A report a front door's reports superseded: the daemon took it, counted nothing.
+        (_, Response::Superseded { superseded_by }) => {
+            eprintln!(
+                "hearth: report not counted: the front door{} {} hold{} this model's queue \
+                 signal, and reports from other sources are ignored while {} report{} \
+                 (docs/front-door.md)",
+                if superseded_by.len() == 1 { "" } else { "s" },
+                superseded_by
+                    .iter()
+                    .map(|d| format!("{d:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if superseded_by.len() == 1 { "s" } else { "" },
+                if superseded_by.len() == 1 {
+                    "it"
+                } else {
+                    "they"
+                },
+                if superseded_by.len() == 1 { "s" } else { "" },
+            );
+            return ExitCode::from(1);
+        }
         (Render::Quiet, _) => {}
         (Render::Status { json: true }, Response::Status { status }) => print_json(&status),
         (Render::Status { json: false }, Response::Status { status }) => {

@@ -283,6 +283,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         in_flight: Some(3),
         age_ms: Some(40),
         router: None,
+        routers: Vec::new(),
     };
     let t = status_table(&StatusView {
         models: vec![model(fresh, vec![])],

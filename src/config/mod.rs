@@ -64,6 +64,10 @@ pub struct RouteConfig {
     pub max_body: usize,
     /// Request bodies held at once, all requests together.
     pub max_buffered: usize,
+    /// What one client address (not a trusted proxy) may hold of them.
+    pub max_buffered_per_client: usize,
+    /// Balancers' addresses, exempt from the bounds per client address.
+    pub trusted_proxies: crate::route::proxies::TrustedProxies,
     pub max_connections: usize,
     /// None: the CPUs, at most `route::settings::DEFAULT_MAX_THREADS`.
     pub threads: Option<usize>,

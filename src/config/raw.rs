@@ -38,6 +38,8 @@ pub(super) struct RawRoute {
     pub queue_timeout: Opt<String>,
     pub max_body: Opt<String>,
     pub max_buffered: Opt<String>,
+    pub max_buffered_per_client: Opt<String>,
+    pub trusted_proxies: Opt<Vec<Spanned<String>>>,
     pub max_connections: Opt<i64>,
     pub threads: Opt<i64>,
     pub shutdown_grace: Opt<String>,

@@ -1,5 +1,6 @@
-//! The supersede rule in virtual time: a front door's reports are the model's signal while
-//! they are fresh; replicas' own reports, other reporters and scrapes count again after.
+//! The supersede rule in virtual time: front doors' reports are the model's signal while they
+//! are fresh, several combined; replicas' own reports, other reporters and scrapes count again
+//! after.
 
 use std::time::Duration;
 
@@ -86,9 +87,16 @@ fn while_a_front_door_reports_the_replicas_own_reports_are_answered_but_not_coun
     assert_eq!(last_in_flight(&h, r), Some(7), "no front door yet: counted");
     assert_eq!(h.request(reporter(), report(Some(r), 2, door))["ok"], true);
     assert_eq!(last_in_flight(&h, r), Some(2));
-    // The replica says idle while the router has two requests there: not counted.
+    // The replica says idle while the router has two requests there: not counted, and the
+    // answer says which front door holds the signal.
     h.now = h.now + Duration::from_millis(100);
-    assert_eq!(h.request(own(&h, r), report(None, 0, None))["ok"], true);
+    let a = h.request(own(&h, r), report(None, 0, None));
+    assert_eq!(a["ok"], true);
+    assert_eq!(
+        a["superseded_by"],
+        serde_json::json!(["hearth route 127.0.0.1:8080"]),
+        "{a}"
+    );
     assert_eq!(last_in_flight(&h, r), Some(2));
     // Nor another reporter's, model-wide or per replica.
     assert_eq!(h.request(reporter(), report(None, 50, None))["ok"], true);
@@ -207,7 +215,7 @@ fn only_reporters_may_speak_as_a_front_door_and_names_are_bounded() {
         let a = h.request(reporter(), report(None, 0, Some(&bad)));
         assert_eq!(a["error"], "bad_request", "{bad:?}: {a}");
     }
-    assert!(h.node.models["m"].router.is_none(), "nothing changed");
+    assert!(h.node.models["m"].front_doors.is_empty(), "nothing changed");
 }
 
 #[test]
@@ -221,4 +229,174 @@ fn protocol_1_reporters_without_router_work_as_before() {
     let line = r#"{"op":"report","model":"m","oldest_wait_ms":1,"queue_depth":1}"#;
     let req = crate::protocol::parse_request(line).unwrap();
     assert_eq!(h.request(reporter(), req)["ok"], true);
+}
+
+/// A front door's report with counters: model-wide (depth, wait) or for a replica (in flight).
+fn door_report(
+    door: &str,
+    replica: Option<&ReplicaId>,
+    wait_ms: f64,
+    depth: u64,
+    in_flight: u64,
+    arrived: u64,
+) -> Request {
+    Request::Report(Report {
+        model: "m".into(),
+        replica: replica.map(|r| r.0.clone()),
+        oldest_wait_ms: Some(wait_ms),
+        queue_depth: Some(depth),
+        in_flight: Some(in_flight),
+        arrived: Some(arrived),
+        completed: Some(arrived.saturating_sub(in_flight)),
+        router: Some(door.into()),
+    })
+}
+
+fn front_door_lines(h: &Harness) -> usize {
+    h.log
+        .iter()
+        .filter(|a| matches!(a, Action::Log { message, .. } if message.contains("front door")))
+        .count()
+}
+
+#[test]
+fn two_front_doors_combine_max_wait_and_summed_depth_and_keep_their_rates() {
+    let (mut h, _) = running();
+    // Two doors on one model, 100 ms apart each, each taking 10 requests a second: before,
+    // every report from the other door switched the signal and cleared the rate history.
+    for i in 0..120u64 {
+        h.now = h.now + Duration::from_millis(50);
+        let (door, wait, depth) = if i % 2 == 0 {
+            ("door-a", 300.0, 2)
+        } else {
+            ("door-b", 100.0, 3)
+        };
+        let a = h.request(
+            reporter(),
+            door_report(door, None, wait, depth, depth, i / 2),
+        );
+        assert_eq!(a["ok"], true, "{a}");
+    }
+    let s = h.node.model_signal("m", h.now).unwrap();
+    assert_eq!(
+        (s.oldest_wait_ms, s.queue_depth, s.in_flight),
+        (300.0, 5, 5)
+    );
+    let rate = s.arrival_rate.expect("rates survive a second front door");
+    assert!((rate - 20.0).abs() < 1.0, "{rate}/s: both doors' 10/s");
+    let status = h.request(Peer::trusted(), Request::Status { model: None });
+    let signal = &status["status"]["models"][0]["signal"];
+    assert_eq!(
+        signal["routers"],
+        serde_json::json!(["door-a", "door-b"]),
+        "{status}"
+    );
+    assert_eq!(signal["router"], "door-a");
+    assert!(front_door_lines(&h) <= 2, "{} lines", front_door_lines(&h));
+}
+
+#[test]
+fn a_reporter_alternating_router_names_costs_a_line_per_ten_seconds() {
+    let (mut h, _) = running();
+    // 20,000 reports over 20 s, alternating names (the probe's 3,071 lines).
+    for i in 0..20_000u64 {
+        h.now = h.now + Duration::from_millis(1);
+        let door = if i % 2 == 0 { "x" } else { "y" };
+        h.request(reporter(), door_report(door, None, 0.0, 0, 0, i));
+        if i % 250 == 0 {
+            h.send(Event::Tick);
+        }
+    }
+    let lines = front_door_lines(&h);
+    assert!((1..=3).contains(&lines), "{lines} lines");
+}
+
+#[test]
+fn a_front_door_that_restarts_leaves_no_gap_and_the_other_door_counts_on() {
+    let (mut h, _) = running();
+    let mut seen_signal = 0;
+    for i in 0..60u64 {
+        h.now = h.now + Duration::from_millis(100);
+        // door-a restarts at 3 s: silent for a second, then its counters start from zero.
+        let a_arrived = if i < 30 { 1000 + i } else { i - 40 };
+        if !(30..40).contains(&i) {
+            h.request(
+                reporter(),
+                door_report("door-a", None, 50.0, 1, 1, a_arrived),
+            );
+        }
+        h.request(reporter(), door_report("door-b", None, 20.0, 1, 1, i));
+        // Every moment has a fresh combined signal, and nobody else's reports count.
+        if h.node.model_signal("m", h.now).is_some() {
+            seen_signal += 1;
+        }
+        assert!(
+            h.request(own_of_first(&h), report(None, 9, None))["superseded_by"].is_array(),
+            "the front doors hold the signal throughout"
+        );
+    }
+    assert_eq!(seen_signal, 60);
+    // door-b's 10/s and door-a's, less the second it was down (about 18/s): its restart, a
+    // counter from zero, subtracted nothing.
+    let rate = h
+        .node
+        .model_signal("m", h.now)
+        .unwrap()
+        .arrival_rate
+        .unwrap();
+    assert!((16.0..20.5).contains(&rate), "{rate}/s");
+}
+
+fn own_of_first(h: &Harness) -> Peer {
+    let r = h.in_state("m", ReplicaState::Routed)[0].clone();
+    own(h, &r)
+}
+
+#[test]
+fn a_drain_ends_when_every_front_door_has_its_requests_back() {
+    let (mut h, routed) = running();
+    let r = routed[0].clone();
+    h.request(reporter(), door_report("door-a", Some(&r), 0.0, 0, 1, 1));
+    h.request(reporter(), door_report("door-b", Some(&r), 0.0, 0, 1, 1));
+    let out = h.request(
+        Peer::trusted(),
+        Request::Drain {
+            replica: r.0.clone(),
+            force: true,
+        },
+    );
+    assert_eq!(out["ok"], true);
+    h.now = h.now + Duration::from_millis(100);
+    h.request(reporter(), door_report("door-a", Some(&r), 0.0, 0, 0, 1));
+    assert_eq!(
+        h.node.replicas[&r].state,
+        ReplicaState::Draining,
+        "door-b still has a request there"
+    );
+    h.now = h.now + Duration::from_millis(100);
+    h.request(reporter(), door_report("door-b", Some(&r), 0.0, 0, 0, 1));
+    assert_ne!(h.node.replicas[&r].state, ReplicaState::Draining);
+}
+
+#[test]
+fn front_doors_are_bounded_per_model() {
+    let (mut h, _) = running();
+    for i in 0..crate::core::front_doors::MAX_FRONT_DOORS {
+        let a = h.request(
+            reporter(),
+            door_report(&format!("d{i}"), None, 0.0, 0, 0, 0),
+        );
+        assert_eq!(a["ok"], true, "{a}");
+    }
+    let a = h.request(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
+    assert_eq!(a["error"], "busy", "{a}");
+    assert_eq!(
+        h.node.front_doors("m", h.now).len(),
+        crate::core::front_doors::MAX_FRONT_DOORS
+    );
+    // After stale_after of silence from the others, a new one is taken.
+    h.now = h.now + Duration::from_secs(3);
+    let a = h.request(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(h.node.front_doors("m", h.now), ["one-more"]);
 }

@@ -128,6 +128,7 @@ impl Node {
             m.recent_failures(now);
         }
         self.schedule_scrapes(now, out);
+        self.front_doors_tick(now, out);
         let names: Vec<String> = self.models.keys().cloned().collect();
         for name in names {
             self.autoscale(&name, now, out);

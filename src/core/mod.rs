@@ -24,6 +24,7 @@ mod event;
 mod front_door;
 #[cfg(test)]
 mod front_door_tests;
+pub mod front_doors;
 mod gpu;
 #[cfg(test)]
 pub(crate) mod gpu_tests;

@@ -86,8 +86,8 @@ pub struct ModelState {
     pub last_scale: Option<ScaleRecord>,
     /// Reports without a replica (from a router).
     pub model_wide: ReplicaSignal,
-    /// The front door reporting for the model, and when it last did (see `front_door.rs`).
-    pub router: Option<(String, Time)>,
+    /// The front doors reporting for the model (see `front_door.rs`).
+    pub front_doors: super::front_doors::FrontDoors,
     pub autoscaler: Autoscaler,
     /// Spawn → warm of the latest cold start.
     pub time_to_ready: Option<Duration>,
@@ -116,7 +116,7 @@ impl ModelState {
             desired_routed: 0,
             last_scale: None,
             model_wide: ReplicaSignal::default(),
-            router: None,
+            front_doors: Default::default(),
             autoscaler: Autoscaler::default(),
             time_to_ready: None,
             removed: false,

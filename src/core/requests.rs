@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::event::LogLevel;
 use super::event::{Action, Peer, RequestId};
+use super::front_door::Admitted;
 use super::model::{ModelState, Overrides};
 use super::node::Node;
 use super::policy::Decision;
@@ -122,7 +123,7 @@ impl Node {
                     .collect();
                 Ok(Response::Watching { snapshot })
             }
-            Request::Report(report) => self.report(peer, report, now, out).map(|_| DONE),
+            Request::Report(report) => self.report(peer, report, now, out),
             Request::Drain { replica, force } => {
                 self.drain_request(&replica, force, now, out).map(|_| DONE)
             }
@@ -208,7 +209,7 @@ impl Node {
         report: Report,
         now: Time,
         out: &mut Vec<Action>,
-    ) -> Result<(), Failure> {
+    ) -> Result<Response, Failure> {
         self.model_known(&report.model)?;
         let own = self.replica_of_peer(peer).cloned();
         let is_reporter = peer.role >= Role::Reporter;
@@ -244,6 +245,7 @@ impl Node {
                     ),
                 ));
             }
+            self.front_door_room(&report.model, name, now)?;
         }
         if let Some(rid) = &target {
             let r = self
@@ -257,11 +259,21 @@ impl Node {
                 ));
             }
         }
-        // Answered either way; recorded only from the source that is the model's signal now.
-        if !self.admit_signal(&report.model, report.router.as_deref(), now, out) {
-            return Ok(());
-        }
+        // Answered either way; recorded only from the sources that are the model's signal now.
         let sample = Sample::from_report(&report, now);
+        let door = report
+            .router
+            .as_deref()
+            .map(|name| (name, target.as_ref(), sample));
+        let sample = match self.admit_signal(&report.model, door, now, out) {
+            Admitted::Own => sample,
+            Admitted::Combined(combined) => combined,
+            Admitted::Superseded(doors) => {
+                return Ok(Response::Superseded {
+                    superseded_by: doors,
+                })
+            }
+        };
         match target {
             Some(rid) => self.record_replica_sample(&rid, sample, now, out),
             None => {
@@ -269,7 +281,7 @@ impl Node {
             }
         }
         self.autoscale(&report.model, now, out);
-        Ok(())
+        Ok(DONE)
     }
 
     /// Stores a replica's queue sample; a draining replica with no work left is stopped.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::event::{Action, LogLevel, ScrapedQueue};
+use super::front_door::Admitted;
 use super::node::Node;
 use super::replica::{ReplicaId, ReplicaState};
 use super::signal::Sample;
@@ -26,10 +27,7 @@ impl Node {
                 continue;
             };
             // A front door's reports supersede scrapes: none is asked for meanwhile.
-            if m.router
-                .as_ref()
-                .is_some_and(|(_, at)| now.since(*at) <= m.config.scaling.stale_after)
-            {
+            if m.front_doors.any_active(now, m.config.scaling.stale_after) {
                 continue;
             }
             let vars = crate::config::Placeholders {
@@ -77,7 +75,7 @@ impl Node {
         };
         let recovered = std::mem::take(&mut r.scrape_failing);
         // One asked for before a front door began to report.
-        if !self.admit_signal(&model, None, now, out) {
+        if self.admit_signal(&model, None, now, out) != Admitted::Own {
             return;
         }
         let Some(r) = self.replicas.get_mut(id) else {

@@ -77,7 +77,8 @@ impl Node {
                 queue_depth: Some(s.queue_depth),
                 in_flight: Some(s.in_flight),
                 age_ms: Some(now.since(s.at).as_millis() as u64),
-                router: self.front_door(name, now).map(str::to_string),
+                router: self.front_doors(name, now).into_iter().next(),
+                routers: self.front_doors(name, now),
             },
             None => SignalView::default(),
         };

@@ -310,6 +310,9 @@ pub enum Response {
         #[serde(skip)]
         snapshot: Vec<WatchEvent>,
     },
+    /// `report` that was answered but not recorded: front doors hold the model's signal
+    /// (docs/front-door.md). `{"ok":true,"superseded_by":["hearth route …"]}`
+    Superseded { superseded_by: Vec<String> },
     /// Every other op: `{"ok":true}`
     Done {},
 }

@@ -163,10 +163,13 @@ pub struct SignalView {
     pub in_flight: Option<u64>,
     /// age of the newest report in use; None when there is no fresh signal
     pub age_ms: Option<u64>,
-    /// The front door whose reports are the signal now; None: replicas' own reports, scrapes or
-    /// other reporters.
+    /// A front door whose reports are the signal now (the first of `routers` by name); None:
+    /// replicas' own reports, scrapes or other reporters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<String>,
+    /// Every front door whose reports are combined into the signal now, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

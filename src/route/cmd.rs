@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -66,8 +65,7 @@ pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
 }
 
 async fn run(settings: RouteSettings) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(settings.listen)
-        .await
+    let listener = server::bind(settings.listen, settings.max_connections)
         .map_err(|e| anyhow::anyhow!("binding {}: {e}", settings.listen))?;
     // SIGTERM (systemd stop) and SIGINT: stop accepting, let requests in progress finish within
     // shutdown_grace. A second one: leave now.

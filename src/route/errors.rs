@@ -23,6 +23,8 @@ pub enum Failure {
     QueueTimeout,
     /// The router holds as much request data as it may.
     Busy,
+    /// This client address holds as much request data as one address may.
+    ClientBusy,
     /// A replica could not be reached, or failed, and no other could take the request.
     Upstream,
 }
@@ -36,7 +38,7 @@ impl Failure {
             Failure::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Failure::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Failure::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Failure::QueueFull | Failure::ClientBusy => StatusCode::TOO_MANY_REQUESTS,
             Failure::QueueTimeout | Failure::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Failure::Upstream => StatusCode::BAD_GATEWAY,
         }
@@ -55,6 +57,7 @@ impl Failure {
             Failure::QueueFull => ("rate_limit_error", "queue_full"),
             Failure::QueueTimeout => ("server_error", "queue_timeout"),
             Failure::Busy => ("server_error", "overloaded"),
+            Failure::ClientBusy => ("rate_limit_error", "client_overloaded"),
             Failure::Upstream => ("server_error", "upstream_failed"),
         }
     }
@@ -82,6 +85,15 @@ pub fn queue_full(model: &str, max_queue: usize, retry_after_secs: u64) -> Respo
         header::RETRY_AFTER,
         HeaderValue::from(retry_after_secs.max(1)),
     );
+    r
+}
+
+/// 429 for a client address over its share of request bodies, with `Retry-After: 1` (its own
+/// uploads, once done, make room).
+pub fn client_overloaded(message: String) -> Response<RouteBody> {
+    let mut r = error(Failure::ClientBusy, message);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
 }
 

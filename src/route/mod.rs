@@ -9,7 +9,8 @@
 //! - `settings`, `paths`: what it runs with (from the `[route]` table that `config` checks).
 //! - `queue`: the decisions (FIFO, slots, choice of replica, reports), pure.
 //! - `router`: the queue shared by request tasks, and leases on slots.
-//! - `server`, `api`, `body`, `model_field`, `errors`: the HTTP side.
+//! - `server`, `conns`, `api`, `body`, `model_field`, `errors`: the HTTP side; `proxies`: the
+//!   addresses of `trusted_proxies`.
 //! - `proxy`, `upstream`, `pool`, `relay`: a request's way to a replica (on a pooled connection)
 //!   and its answer's way back.
 //! - `link`: the daemon's watch and the reports.
@@ -19,12 +20,14 @@
 pub mod api;
 pub mod body;
 pub mod cmd;
+pub mod conns;
 pub mod errors;
 pub mod link;
 pub mod metrics;
 pub mod model_field;
 pub mod paths;
 pub mod pool;
+pub mod proxies;
 pub mod proxy;
 pub mod queue;
 pub mod relay;

@@ -26,6 +26,8 @@ pub struct Router {
     pub daemon_connected: AtomicBool,
     /// `max_buffered`, in units of `body::UNIT` bytes: what request bodies may hold together.
     pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// `max_buffered_per_client`: what each client address holds of it.
+    pub client_bodies: Arc<super::body::ClientBodies>,
     /// Unix time at start, for `/v1/models`' `created`.
     pub started_unix: u64,
     /// Its name in reports (`router`), by which the daemon tells a front door's reports from
@@ -58,6 +60,7 @@ impl Router {
                 .div_ceil(super::body::UNIT)
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         ));
+        let client_bodies = super::body::ClientBodies::new(settings.max_buffered_per_client);
         let metrics = Metrics::new(&settings.models);
         let name = format!("hearth route {}", settings.listen);
         Router {
@@ -68,6 +71,7 @@ impl Router {
             report_wake: Notify::new(),
             daemon_connected: AtomicBool::new(false),
             body_budget,
+            client_bodies,
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::paths::PathRules;
+use super::proxies::TrustedProxies;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Requests a model's FIFO holds before answering 429.
@@ -24,6 +25,9 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 /// Request bodies held at once, all requests together (reading, queued, being sent).
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
+/// Without `max_buffered_per_client`, one client address may hold this share of
+/// `max_buffered` (and at least `max_body`, so that its largest request can be read).
+pub const DEFAULT_PER_CLIENT_SHARE: usize = 8;
 /// Concurrent client connections; more wait in the kernel's accept backlog.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Requests one replica serves at once (docs/design.md: `[[model]] slots`, default 1).
@@ -50,6 +54,11 @@ pub struct RouteSettings {
     pub queue_timeout: Duration,
     pub max_body: usize,
     pub max_buffered: usize,
+    /// What one client address (not a trusted proxy) may hold of `max_buffered`.
+    pub max_buffered_per_client: usize,
+    /// Balancers: exempt from the per-address bounds, the silent deadline and being closed for
+    /// room.
+    pub trusted_proxies: TrustedProxies,
     pub max_connections: usize,
     pub shutdown_grace: Duration,
     /// Threads serving client connections (each a single-threaded runtime of its own).
@@ -74,6 +83,14 @@ pub struct ModelRoute {
     pub paths: PathRules,
 }
 
+/// `max_buffered_per_client` where the file does not say: an eighth of `max_buffered`, at
+/// least `max_body`.
+pub fn per_client_default(max_buffered: usize, max_body: usize) -> usize {
+    (max_buffered / DEFAULT_PER_CLIENT_SHARE)
+        .max(max_body)
+        .min(max_buffered)
+}
+
 impl RouteSettings {
     /// Settings for the models with every `[route]` key at its default.
     pub fn defaults(socket: PathBuf, models: Vec<(String, Duration)>) -> RouteSettings {
@@ -83,6 +100,8 @@ impl RouteSettings {
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
             max_body: DEFAULT_MAX_BODY,
             max_buffered: DEFAULT_MAX_BUFFERED,
+            max_buffered_per_client: per_client_default(DEFAULT_MAX_BUFFERED, DEFAULT_MAX_BODY),
+            trusted_proxies: TrustedProxies::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             threads: std::thread::available_parallelism()
@@ -118,6 +137,8 @@ impl RouteSettings {
         s.queue_timeout = r.queue_timeout;
         s.max_body = r.max_body;
         s.max_buffered = r.max_buffered;
+        s.max_buffered_per_client = r.max_buffered_per_client;
+        s.trusted_proxies = r.trusted_proxies.clone();
         s.max_connections = r.max_connections;
         s.shutdown_grace = r.shutdown_grace;
         if let Some(t) = r.threads {

@@ -1,11 +1,12 @@
-//! The toy server's HTTP surface: `GET /health` (503 while loading, 200 after),
-//! `POST /v1/completions` (OpenAI shape, through the queue), `GET /metrics` (the queue, in
-//! Prometheus text), and the connection loop that goes silent when the server hangs.
+//! The toy server's HTTP surface: `GET /health` (503 while loading, 200 after), the OpenAI API
+//! (`api.rs`: completions, chat, embeddings, models), `GET /metrics` (the queue, in Prometheus
+//! text), and the connection loop that goes silent when the server hangs.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -18,10 +19,12 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use super::api;
+use super::openai::Kind;
 use super::State;
 
-/// Largest completion request body we accept; a toy has no use for more.
-const MAX_BODY: usize = 1 << 20;
+/// Every answer's body: whole, or a stream of events.
+pub(super) type ToyBody = BoxBody<Bytes, Infallible>;
 
 /// Serves one connection (keep-alive) until it closes or shutdown asks it to finish.
 pub(super) async fn serve_conn(stream: TcpStream, state: Arc<State>, stop: CancellationToken) {
@@ -53,9 +56,10 @@ pub(super) async fn serve_conn(stream: TcpStream, state: Arc<State>, stop: Cance
     }
 }
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ToyBody> {
     let loaded = *state.loaded.borrow();
-    match (req.method(), req.uri().path()) {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
         (&Method::GET, "/health") if loaded => {
             json_response(StatusCode::OK, json!({"status":"ok"}))
         }
@@ -63,84 +67,43 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Byte
             json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"status":"loading"}))
         }
         (&Method::GET, "/metrics") => metrics(&state),
-        (&Method::POST, "/v1/completions") => completion(state, req).await,
-        (_, "/health" | "/metrics" | "/v1/completions") => json_response(
+        (&Method::POST, "/v1/completions") => api::generate(state, req, Kind::Completion).await,
+        (&Method::POST, "/v1/chat/completions") => api::generate(state, req, Kind::Chat).await,
+        (&Method::POST, "/v1/embeddings") => api::embeddings(state, req).await,
+        (&Method::GET, "/v1/models") => api::models(&state),
+        (&Method::GET, p) if p.starts_with("/v1/models/") => {
+            api::model(&state, &p["/v1/models/".len()..])
+        }
+        (_, "/health" | "/metrics") => json_response(
             StatusCode::METHOD_NOT_ALLOWED,
             json!({"error":"method not allowed"}),
         ),
-        _ => json_response(StatusCode::NOT_FOUND, json!({"error":"not found"})),
-    }
-}
-
-async fn completion(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    if !*state.loaded.borrow() {
-        return json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"status":"loading"}));
-    }
-    if state.fail_warmup {
-        return json_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({"error":"toy-server: --fail-warmup"}),
-        );
-    }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return json_response(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
-    };
-    // Missing body or missing fields are fine; malformed JSON is the client's bug.
-    let body: Value = if body.iter().all(u8::is_ascii_whitespace) {
-        Value::Null
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    json!({"error": format!("invalid JSON body: {e}")}),
-                )
-            }
+        (_, p)
+            if matches!(
+                p,
+                "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" | "/v1/models"
+            ) || p.starts_with("/v1/models/") =>
+        {
+            api::failure(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{p}: method not allowed"),
+                "invalid_request_error",
+                None,
+                Some("method_not_allowed"),
+            )
         }
-    };
-    let model = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("toy")
-        .to_string();
-    let prompt_tokens = prompt_tokens(body.get("prompt"));
-
-    let id = state.queue.serve(hold_time(&state, &body)).await;
-    mark(&state);
-
-    let mut resp = json_response(
-        StatusCode::OK,
-        json!({
-            "id": format!("toy-{id}"),
-            "object": "text_completion",
-            "created": std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            "model": model,
-            "choices": [{"index": 0, "text": " toy", "logprobs": null, "finish_reason": "length"}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": 1,
-                "total_tokens": prompt_tokens + 1
-            }
-        }),
-    );
-    // Who answered: tests check it against the replica the address was routed for.
-    let h = resp.headers_mut();
-    if let Ok(v) = hyper::header::HeaderValue::from_str(&state.pid.to_string()) {
-        h.insert("x-toy-pid", v);
+        (_, p) => api::failure(
+            StatusCode::NOT_FOUND,
+            &format!("no route for {p}"),
+            "invalid_request_error",
+            None,
+            Some("not_found"),
+        ),
     }
-    if let Ok(v) = hyper::header::HeaderValue::from_str(&state.replica) {
-        h.insert("x-toy-replica", v);
-    }
-    resp
 }
 
 /// `--marks DIR`: DIR/REPLICA.PID, with this process's cgroup, before the first answer leaves.
-fn mark(state: &State) {
+pub(super) fn mark(state: &State) {
     let Some(dir) = &state.marks else {
         return;
     };
@@ -160,7 +123,7 @@ fn mark(state: &State) {
 }
 
 /// The queue as OpenMetrics text: one snapshot, so the five numbers agree with each other.
-fn metrics(state: &State) -> Response<Full<Bytes>> {
+fn metrics(state: &State) -> Response<ToyBody> {
     let s = state.queue.stats();
     let gauge = |n: u64| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
     let mut registry = Registry::default();
@@ -203,37 +166,16 @@ fn metrics(state: &State) -> Response<Full<Bytes>> {
             hyper::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )
-        .body(Full::new(Bytes::from(out)))
+        .body(Full::new(Bytes::from(out)).boxed())
         .expect("static response parts are valid")
 }
 
-/// A rough token count for `usage`: words in the prompt (string or list of strings).
-fn prompt_tokens(prompt: Option<&Value>) -> u64 {
-    match prompt {
-        Some(Value::String(s)) => s.split_whitespace().count() as u64,
-        Some(Value::Array(items)) => items.iter().map(|v| prompt_tokens(Some(v))).sum(),
-        _ => 0,
-    }
-}
-
-fn json_response(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+pub(super) fn json_response(status: StatusCode, body: Value) -> Response<ToyBody> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
         .expect("static response parts are valid")
-}
-
-/// How long a completion holds its slot: `--service-time`, plus `--token-time` per token
-/// asked for (OpenAI's default of 16 when the body names none; at most `MAX_TOKENS`).
-fn hold_time(state: &State, body: &Value) -> std::time::Duration {
-    const MAX_TOKENS: u64 = 4096;
-    let tokens = body
-        .get("max_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(16)
-        .min(MAX_TOKENS);
-    state.service_time + state.token_time * tokens as u32
 }
 
 #[cfg(test)]
@@ -243,14 +185,6 @@ mod tests {
     use crate::toy_server::ToyArgs;
     use std::time::{Duration, Instant};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[test]
-    fn prompt_tokens_counts_words_in_strings_and_lists() {
-        assert_eq!(prompt_tokens(Some(&json!("hello  there world"))), 3);
-        assert_eq!(prompt_tokens(Some(&json!(["a b", "c", ["d e"]]))), 5);
-        assert_eq!(prompt_tokens(Some(&json!(17))), 0);
-        assert_eq!(prompt_tokens(None), 0);
-    }
 
     #[tokio::test]
     async fn health_is_503_while_loading_then_200() {
@@ -295,15 +229,27 @@ mod tests {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["model"], "llama");
-        assert_eq!(v["choices"][0]["text"], " toy");
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(
+            text.split_whitespace().count(),
+            8,
+            "max_tokens words: {text:?}"
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["usage"]["prompt_tokens"], 2);
-        assert!(v["id"].as_str().unwrap().starts_with("toy-"));
+        assert_eq!(v["usage"]["completion_tokens"], 8);
+        assert_eq!(v["usage"]["total_tokens"], 10);
+        assert!(v["id"].as_str().unwrap().starts_with("cmpl-"), "{v}");
         // Missing fields and an empty body are tolerated; malformed JSON is not.
         assert_eq!(s.complete("{}").await.unwrap().0, 200);
         assert_eq!(s.complete("").await.unwrap().0, 200);
-        assert_eq!(s.complete("{nope").await.unwrap().0, 400);
-        assert_eq!(s.get("/nowhere").await.unwrap().0, 404);
+        let (status, v) = s.complete("{nope").await.unwrap();
+        assert_eq!(status, 400);
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let (status, body) = s.get("/nowhere").await.unwrap();
+        assert_eq!(status, 404);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{v}");
         let m = s.metrics().await;
         assert_eq!(m["toy_requests_arrived_total"], 3.0);
         assert_eq!(m["toy_requests_completed_total"], 3.0);
@@ -378,7 +324,8 @@ mod tests {
         .await;
         let (status, v) = s.complete(r#"{"prompt":"x"}"#).await.unwrap();
         assert_eq!(status, 500);
-        assert_eq!(v["error"], "toy-server: --fail-warmup");
+        assert_eq!(v["error"]["message"], "toy-server: --fail-warmup");
+        assert_eq!(v["error"]["type"], "server_error");
         assert_eq!(s.get("/health").await.unwrap().0, 200);
         s.stop().await.unwrap();
     }

@@ -2,15 +2,19 @@
 //!
 //! It behaves like the parts of a real model server that hearth cares about and nothing else:
 //! it takes a while to load (optionally really reading a "weights" file), answers `/health` with
-//! 503 until loaded, serves `POST /v1/completions` through a FIFO queue in front of a fixed number
-//! of slots, exposes its queue on `/metrics`, and (with `HEARTH_SOCKET` set) reports its own queue
-//! wait to the daemon every 200 ms. Failure modes (`--fail-warmup`, `--crash-after`,
+//! 503 until loaded, serves the OpenAI API (completions and chat, streamed or not, with
+//! `max_tokens` tokens; embeddings; the model list) through a FIFO queue in front of a fixed
+//! number of slots, exposes its queue on `/metrics`, and (with `HEARTH_SOCKET` set) reports its
+//! own queue wait to the daemon every 200 ms. Failure modes (`--fail-warmup`, `--crash-after`,
 //! `--hang-after`) exist so the supervisor's reactions can be exercised without a GPU.
 //!
-//! Rooms: [`queue`] (the FIFO queue and its slots), [`http`] (the HTTP surface), [`report`]
-//! (the socket reporter); this file holds the flags and wires them together.
+//! Rooms: [`queue`] (the FIFO queue and its slots), [`http`] (the HTTP surface), [`api`] (the
+//! OpenAI endpoints) and [`openai`] (their requests and answers, pure), [`report`] (the socket
+//! reporter); this file holds the flags and wires them together.
 
+mod api;
 mod http;
+mod openai;
 mod queue;
 mod report;
 #[cfg(test)]
@@ -50,7 +54,7 @@ pub struct ToyArgs {
     /// Number of completion slots; further requests wait in a FIFO queue.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
-    /// How long each completion holds its slot.
+    /// How long each completion holds its slot (a stream spreads its tokens over it).
     #[arg(long, default_value = "200ms", value_parser = crate::units::parse_duration)]
     pub service_time: Duration,
     /// Also hold the slot this long per token asked for (`max_tokens`, 16 when absent, at most
@@ -58,6 +62,10 @@ pub struct ToyArgs {
     /// generations.
     #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
     pub token_time: Duration,
+    /// The model name `/v1/models` lists and answers carry when a request names none; default
+    /// `$HEARTH_MODEL` (the daemon sets it), else "toy".
+    #[arg(long)]
+    pub model: Option<String>,
     /// Answer completions with 500 (a model that loads but cannot serve).
     #[arg(long)]
     pub fail_warmup: bool,
@@ -104,6 +112,13 @@ struct State {
     service_time: Duration,
     token_time: Duration,
     queue: Arc<queue::Queue>,
+    /// The model it serves, for `/v1/models` and answers to requests that name none.
+    model: String,
+    /// For `/v1/models`' `created`, and response ids unique to this process.
+    started_unix: u64,
+    started_nanos: u64,
+    /// Answers numbered, for their ids.
+    responses: std::sync::atomic::AtomicU64,
 }
 
 /// Binds, wires the process-level behaviour (env reporter, signals, `--crash-after`) and serves
@@ -179,6 +194,15 @@ pub async fn serve(
         service_time: args.service_time,
         token_time: args.token_time,
         queue: Arc::new(queue::Queue::new(args.concurrency)),
+        model: args
+            .model
+            .clone()
+            .or_else(|| std::env::var("HEARTH_MODEL").ok())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "toy".into()),
+        started_unix: since_epoch().as_secs(),
+        started_nanos: u64::try_from(since_epoch().as_nanos()).unwrap_or(0),
+        responses: std::sync::atomic::AtomicU64::new(0),
     });
     println!(
         "toy-server listening on {addr} (loading for {}{})",
@@ -268,6 +292,12 @@ pub async fn serve(
     println!("toy-server stopped");
     let _ = std::io::stdout().flush();
     Ok(())
+}
+
+fn since_epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// Loading: the load time and the optional file read run together; loading ends when both have.

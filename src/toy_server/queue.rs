@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The slots and the queue for them.
 pub(super) struct Queue {
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     book: Mutex<Book>,
 }
 
@@ -43,7 +43,7 @@ impl Queue {
     /// A queue in front of `slots` slots (at least one; `serve` checks the flag).
     pub fn new(slots: usize) -> Queue {
         Queue {
-            slots: Semaphore::new(slots),
+            slots: Arc::new(Semaphore::new(slots)),
             book: Mutex::new(Book::default()),
         }
     }
@@ -75,15 +75,25 @@ impl Queue {
     /// Serves one request: waits in line for a slot, holds it for `service`, and returns the
     /// request's id. If this future is dropped (client gone, shutdown timeout), the request
     /// leaves the queue, or gives its slot back, at once.
+    #[cfg(test)]
     pub async fn serve(self: &Arc<Self>, service: Duration) -> u64 {
+        let slot = self.enter().await;
+        tokio::time::sleep(service).await;
+        slot.finish()
+    }
+
+    /// Waits in line for a slot and takes it: held until `finish` (answered) or until the
+    /// `Slot` is dropped (the client left, or the server hung), which gives it back either way.
+    pub async fn enter(self: &Arc<Self>) -> Slot {
         let mut ticket = self.admit();
-        let Ok(_permit) = self.slots.acquire().await else {
+        let Ok(permit) = self.slots.clone().acquire_owned().await else {
             unreachable!("the semaphore is never closed");
         };
         ticket.start();
-        tokio::time::sleep(service).await;
-        ticket.finish();
-        ticket.id
+        Slot {
+            ticket,
+            _permit: permit,
+        }
     }
 
     /// Admits a request into the queue.
@@ -99,6 +109,20 @@ impl Queue {
             id,
             phase: Phase::Waiting,
         }
+    }
+}
+
+/// A slot held by one request.
+pub(super) struct Slot {
+    ticket: Ticket,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    /// The request is answered: counted as completed; returns its id.
+    pub fn finish(mut self) -> u64 {
+        self.ticket.finish();
+        self.ticket.id
     }
 }
 

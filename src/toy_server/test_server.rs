@@ -20,6 +20,7 @@ pub fn args() -> ToyArgs {
         concurrency: 1,
         service_time: Duration::from_millis(200),
         token_time: Duration::ZERO,
+        model: None,
         fail_warmup: false,
         crash_after: None,
         hang_after: None,

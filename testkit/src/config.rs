@@ -338,6 +338,10 @@ pub struct Config {
     /// `[route]`, for `hearth route` on the same file: the keys after `listen` (which is the
     /// daemon's [`crate::Home`]'s, like the paths and ports), as TOML. None: no `[route]`.
     pub route: Option<String>,
+    /// A whole configuration file as it is (`DaemonBuilder::file`), in place of everything
+    /// above: only its socket, state_dir, ports and `[route] listen` are moved to the daemon's
+    /// own, as CI moves config.toml.example's.
+    pub file: Option<String>,
 }
 
 impl Default for Config {
@@ -352,6 +356,7 @@ impl Default for Config {
             models: Vec::new(),
             extra: String::new(),
             route: None,
+            file: None,
         }
     }
 }
@@ -366,6 +371,9 @@ impl Config {
         listen: Option<SocketAddr>,
         mark: (&str, &str),
     ) -> String {
+        if let Some(text) = &self.file {
+            return moved(text, dir, ports, listen);
+        }
         // hearth refuses a file without [[model]] unless it says `model = []` (a cut-short file
         // must never read as "stop every model"); the key has to come before any table.
         let mut s = String::from(if self.models.is_empty() {
@@ -407,4 +415,31 @@ impl Config {
         }
         s
     }
+}
+
+/// `text` with the lines that set `socket`, `state_dir`, `ports` and `listen` (at the start of a
+/// line, as config.toml.example writes them) pointing at the daemon's own.
+fn moved(text: &str, dir: &Path, ports: (u16, u16), listen: Option<SocketAddr>) -> String {
+    text.lines()
+        .map(|l| {
+            let key = l.split('=').next().unwrap_or("").trim();
+            match key {
+                "socket" => format!(
+                    "socket = {}",
+                    q(&dir.join("hearth.sock").display().to_string())
+                ),
+                "state_dir" => format!(
+                    "state_dir = {}",
+                    q(&dir.join("state").display().to_string())
+                ),
+                "ports" => format!("ports = \"{}-{}\"", ports.0, ports.1),
+                "listen" if listen.is_some() => {
+                    format!("listen = \"{}\"", listen.expect("checked"))
+                }
+                _ => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }

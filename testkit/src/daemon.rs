@@ -410,6 +410,18 @@ impl DaemonBuilder {
     }
 
     /// How many replica ports (default: the models' `max`, summed, plus 4).
+    /// Runs `text`, a whole configuration file (such as config.toml.example), in place of the
+    /// rendered one: its socket, state_dir, ports and `[route] listen` move to this daemon's
+    /// own (16 ports unless `ports` says otherwise); everything else stays as written.
+    pub fn file(mut self, text: &str) -> Self {
+        self.config.file = Some(text.to_string());
+        if text.lines().any(|l| l.trim_start().starts_with("[route]")) {
+            self.config.route.get_or_insert_with(String::new);
+        }
+        self.ports.get_or_insert(16);
+        self
+    }
+
     pub fn ports(mut self, n: u16) -> Self {
         self.ports = Some(n);
         self

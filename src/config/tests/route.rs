@@ -99,6 +99,31 @@ fn route_errors_name_line_and_key() {
         ),
         ("[route]\nlisten_on = 1\n".into(), 1, "route.listen_on"),
         (
+            "[route]\ntrusted_proxies = [\"10.0.0.1\",\n  \"10.1.2.3/16\"]\n".into(),
+            2,
+            "route.trusted_proxies[1]",
+        ),
+        (
+            "[route]\ntrusted_proxies = [\"lb.example\"]\n".into(),
+            1,
+            "route.trusted_proxies[0]",
+        ),
+        (
+            "[route]\ntrusted_proxies = \"10.0.0.1\"\n".into(),
+            1,
+            "route.trusted_proxies",
+        ),
+        (
+            "[route]\nmax_body = \"1MiB\"\nmax_buffered_per_client = \"512KiB\"\n".into(),
+            2,
+            "route.max_buffered_per_client",
+        ),
+        (
+            "[route]\nmax_buffered = \"8MiB\"\nmax_buffered_per_client = \"9MiB\"\n".into(),
+            2,
+            "route.max_buffered_per_client",
+        ),
+        (
             "[route.model.llama]\nslots = 2\n".into(),
             1,
             "route.model.llama.slots",
@@ -109,6 +134,38 @@ fn route_errors_name_line_and_key() {
         let m = fails(&text, key, at + line);
         assert!(!m.is_empty(), "{key}");
     }
+}
+
+#[test]
+fn trusted_proxies_and_the_bound_per_client_apply() {
+    let text = format!(
+        "{}[route]\nmax_body = \"1MiB\"\nmax_buffered = \"4MiB\"\n\
+         trusted_proxies = [\"10.0.0.5\", \" 10.1.0.0/16 \", \"fd00::/8\"]\n",
+        two_models()
+    );
+    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    assert!(s.trusted_proxies.contains(ip("10.0.0.5")));
+    assert!(s.trusted_proxies.contains(ip("10.1.9.9")));
+    assert!(s.trusted_proxies.contains(ip("fd00::7")));
+    assert!(!s.trusted_proxies.contains(ip("10.0.0.6")));
+    assert_eq!(
+        s.max_buffered_per_client,
+        1 << 20,
+        "an eighth of max_buffered, at least max_body"
+    );
+    let text = format!(
+        "{}[route]\nmax_buffered = \"64MiB\"\nmax_buffered_per_client = \"16MiB\"\n",
+        two_models()
+    );
+    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    assert_eq!(s.max_buffered_per_client, 16 << 20);
+    let s = crate::route::settings::RouteSettings::from_config(&parse(&two_models()).unwrap());
+    assert_eq!(s.max_buffered_per_client, 128 << 20, "1 GiB / 8");
+    assert!(
+        s.trusted_proxies.0.is_empty(),
+        "nobody is trusted by default"
+    );
 }
 
 #[test]

@@ -10,16 +10,19 @@ use super::{at, Cx, Res};
 use crate::config::raw::{index, join, Opt, RawRoute};
 use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
 use crate::route::paths::PathRules;
+use crate::route::proxies::{Cidr, TrustedProxies};
 use crate::route::settings::{
-    DEFAULT_LISTEN, DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, MAX_BODY_LIMIT,
-    MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_THREADS,
+    per_client_default, DEFAULT_LISTEN, DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
+    MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_THREADS,
 };
 
 /// Bearer tokens travel in a header: a valid header value, and long enough not to be guessed.
 const API_KEY_LEN: std::ops::RangeInclusive<usize> = 16..=512;
 /// More keys than any deployment hands out; each request compares against all of them.
 const MAX_API_KEYS: usize = 1024;
+/// More balancers than a fleet has; each connection is checked against all of them.
+const MAX_TRUSTED_PROXIES: usize = 1024;
 
 impl Cx<'_> {
     pub(super) fn route(&self, raw: Opt<RawRoute>, models: &[ModelConfig]) -> Res<RouteConfig> {
@@ -89,6 +92,25 @@ impl Cx<'_> {
                 ),
             ));
         }
+        let max_buffered_per_client = match &raw.max_buffered_per_client {
+            None => per_client_default(max_buffered, max_body),
+            Some(v) => {
+                let b = self.size("route.max_buffered_per_client", v)?;
+                if b < max_body as u64 || b > max_buffered as u64 {
+                    return Err(self.err(
+                        "route.max_buffered_per_client",
+                        Some(v.span()),
+                        format!(
+                            "{b} B is outside max_body ({max_body} B) to max_buffered \
+                             ({max_buffered} B): one address could not send its largest \
+                             request, or would be bounded by nothing"
+                        ),
+                    ));
+                }
+                b as usize
+            }
+        };
+        let trusted_proxies = self.trusted_proxies(raw.trusted_proxies)?;
         let max_connections = match &raw.max_connections {
             None => DEFAULT_MAX_CONNECTIONS,
             Some(v) => {
@@ -136,6 +158,8 @@ impl Cx<'_> {
             queue_timeout,
             max_body,
             max_buffered,
+            max_buffered_per_client,
+            trusted_proxies,
             max_connections,
             threads,
             shutdown_grace,
@@ -143,6 +167,29 @@ impl Cx<'_> {
             aliases,
             models: per_model,
         })
+    }
+
+    fn trusted_proxies(&self, raw: Opt<Vec<Spanned<String>>>) -> Res<TrustedProxies> {
+        let Some(list) = raw else {
+            return Ok(TrustedProxies::default());
+        };
+        if list.get_ref().len() > MAX_TRUSTED_PROXIES {
+            return Err(self.err(
+                "route.trusted_proxies",
+                Some(list.span()),
+                format!("at most {MAX_TRUSTED_PROXIES} addresses or blocks"),
+            ));
+        }
+        let nets = list
+            .into_inner()
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Cidr::parse(s.get_ref().trim())
+                    .map_err(|e| self.err(&index("route.trusted_proxies", i), Some(s.span()), e))
+            })
+            .collect::<Res<Vec<Cidr>>>()?;
+        Ok(TrustedProxies(nets))
     }
 
     fn api_keys(&self, raw: Opt<Vec<Spanned<String>>>) -> Res<Vec<String>> {

@@ -67,6 +67,8 @@ pub struct Router {
     pub addr: SocketAddr,
     child: Option<Child>,
     log: PathBuf,
+    /// The listen port of a second front door ([`Router::another`]), held while it runs.
+    _port: Option<crate::ports::PortBlock>,
 }
 
 impl Router {
@@ -78,10 +80,37 @@ impl Router {
             .route_addr
             .expect("a configuration with [route] (DaemonBuilder::route)");
         let log = home.dir.path().join("route.log");
+        Router::start_on(home, &home.config_path, addr, log, None)
+    }
+
+    /// Another front door on the same models and daemon: `home`'s file with `[route] listen`
+    /// on a port of its own (`route-N.toml`, its log `route-N.log`, N its port).
+    pub fn another(home: &Home) -> Router {
+        let block = crate::ports::ports(1);
+        let addr = SocketAddr::from(([127, 0, 0, 1], block.first));
+        let listen = home.route_addr.expect("a configuration with [route]");
+        let text = home.config_text().replace(
+            &format!("listen = \"{listen}\""),
+            &format!("listen = \"{addr}\""),
+        );
+        assert!(text.contains(&addr.to_string()), "no listen line to move");
+        let config = home.dir.path().join(format!("route-{}.toml", block.first));
+        std::fs::write(&config, text).expect("write the second front door's file");
+        let log = home.dir.path().join(format!("route-{}.log", block.first));
+        Router::start_on(home, &config, addr, log, Some(block))
+    }
+
+    fn start_on(
+        home: &Home,
+        config: &Path,
+        addr: SocketAddr,
+        log: PathBuf,
+        port: Option<crate::ports::PortBlock>,
+    ) -> Router {
         let mut cmd = Command::new(crate::hearth());
         cmd.arg("route")
             .arg("--config")
-            .arg(&home.config_path)
+            .arg(config)
             .env_remove("HEARTH_SOCKET")
             .env("RUST_LOG", "info");
         let child = spawn_marked(&mut cmd, home, &log, &log);
@@ -89,6 +118,7 @@ impl Router {
             addr,
             child: Some(child),
             log,
+            _port: port,
         };
         let up = poll(START_TIMEOUT, || {
             if let Some(st) = router

@@ -246,3 +246,32 @@ pub fn spawn<T: Send + 'static>(
 ) -> std::thread::JoinHandle<T> {
     std::thread::spawn(f)
 }
+
+/// A TCP connection to `addr` from the loopback address `src` (any of 127.0.0.0/8 on Linux):
+/// another client address on one machine, for the front door's bounds per address.
+pub fn connect_from(src: std::net::Ipv4Addr, addr: SocketAddr) -> io::Result<TcpStream> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    use std::os::fd::AsRawFd;
+    bind(
+        fd.as_raw_fd(),
+        &SockaddrIn::from(std::net::SocketAddrV4::new(src, 0)),
+    )?;
+    let SocketAddr::V4(to) = addr else {
+        return Err(io::Error::other("an IPv4 address to connect to"));
+    };
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to))?;
+    Ok(TcpStream::from(fd))
+}
+
+/// Sends `head` (and `body`) on `s` and reads the answer's head.
+pub fn exchange(mut s: TcpStream, bytes: &[u8], timeout: Duration) -> io::Result<Streaming> {
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(bytes)?;
+    read_head(BufReader::new(s))
+}
