@@ -34,6 +34,7 @@ mod http;
 mod load;
 mod measure;
 mod notify;
+pub mod nspawn;
 pub mod ports;
 pub mod procs;
 mod real_model;
