@@ -47,7 +47,7 @@ pub struct Install {
 /// and a double-forked `sleep 601` behind, then execs the toy server (1 s to load).
 pub fn toy(min: u32, max: u32, warm: u32) -> Model {
     let script = format!(
-        "setsid sleep 600 & (sleep 601 &) ; exec {BUILD}/hearth toy-server --port \"$0\" --load-time 1s"
+        "setsid sleep 600 & (sleep 601 &) ; exec {BUILD}/hearth toy-server --port \"$0\" --load-time 1s --service-time 20ms"
     );
     Model::toy("toy", &[])
         .command(&["sh", "-c", &script, "{port}"])

@@ -22,6 +22,14 @@ use std::time::{Duration, Instant};
 
 use host::{toy, Host, Install};
 
+/// Runs one check and says how long it took.
+fn phase<T>(name: &str, check: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let out = check();
+    eprintln!("[{:>6.1} s] {name}", t0.elapsed().as_secs_f64());
+    out
+}
+
 #[test]
 fn the_production_path_under_systemd() {
     if Host::cannot_boot() {
@@ -37,19 +45,35 @@ fn the_production_path_under_systemd() {
         service: String::new(),
         models: vec![toy(2, 4, 1)],
     });
-    scopes::start_is_ready_after_ready_1(&h);
-    scopes::replicas_live_in_scopes(&h);
-    h.sh_ok("systemctl enable --now hearth-route");
-    replace::reload_good_and_bad(&h);
-    replace::upgrade_under_load(&h);
-    replace::kill_9_under_load(&h);
-    replace::watchdog_under_load(&h);
-    real.hidden_by_the_shipped_sandbox(&h);
-    scopes::scale_down_takes_the_children(&h);
-    replace::stop_under_load(&h, |h| real.widen(h));
-    real.serves(&h, 1);
-    journal::lines_about_replicas_carry_their_fields(&h, &cursor, &["toy", "llama"]);
-    scopes::stopping_the_slice_stops_every_replica(&h);
+    phase("start_is_ready_after_ready_1", || {
+        scopes::start_is_ready_after_ready_1(&h)
+    });
+    phase("replicas_live_in_scopes", || {
+        scopes::replicas_live_in_scopes(&h)
+    });
+    phase("hearth-route", || {
+        h.sh_ok("systemctl enable --now hearth-route")
+    });
+    phase("reload_good_and_bad", || replace::reload_good_and_bad(&h));
+    phase("upgrade_under_load", || replace::upgrade_under_load(&h));
+    phase("kill_9_under_load", || replace::kill_9_under_load(&h));
+    phase("watchdog_under_load", || replace::watchdog_under_load(&h));
+    phase("hidden_by_the_shipped_sandbox", || {
+        real.hidden_by_the_shipped_sandbox(&h)
+    });
+    phase("scale_down_takes_the_children", || {
+        scopes::scale_down_takes_the_children(&h)
+    });
+    phase("stop_under_load", || {
+        replace::stop_under_load(&h, |h| real.widen(h))
+    });
+    phase("llama serves", || real.serves(&h, 1));
+    phase("lines_about_replicas_carry_their_fields", || {
+        journal::lines_about_replicas_carry_their_fields(&h, &cursor, &["toy", "llama"])
+    });
+    phase("stopping_the_slice_stops_every_replica", || {
+        scopes::stopping_the_slice_stops_every_replica(&h)
+    });
     eprintln!("booted in {booted:?}; the checks took {:?}", t0.elapsed());
 }
 
@@ -69,6 +93,7 @@ fn the_watchdog_check_fails_without_a_watchdog() {
     h.wait_status_line("toy", 1, 0);
     assert_eq!(h.show("hearth", "WatchdogUSec"), "0");
     let t0 = Instant::now();
+    eprintln!("the watchdog check is to fail here: the panic it prints is expected");
     let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         replace::watchdog_kills_a_stalled_loop(&h)
     }));

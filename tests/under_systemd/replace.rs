@@ -300,6 +300,17 @@ pub fn stop_under_load(h: &Host, between: impl FnOnce(&Host)) {
     assert_eq!(h.show("hearth", "Result"), "success");
     eprintln!("systemctl stop hearth: {took:?} (TimeoutStopSec={limit}s)");
     between(h);
+    // Nothing is routed now: the clients' requests are held in the front door's queue, not
+    // failed.
+    wait_until(
+        "requests held at the front door",
+        Duration::from_secs(10),
+        || {
+            let page = testkit::route::get(h.route, "/metrics").ok()?.text();
+            let depth = testkit::route::sample(&page, "hearth_route_queue_depth{model=\"toy\"}")?;
+            (depth >= 1.0).then_some(())
+        },
+    );
     h.sh_ok("systemctl start hearth");
     load.more(5);
     load.finish_without_failures("systemctl stop hearth, then start");
