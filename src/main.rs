@@ -94,7 +94,7 @@ fn daemon(path: &Path) -> ExitCode {
     // Taken before anything can replace the binary on disk: what a panic re-executes.
     let reexec = hearth::agent::upgrade::Reexec::current();
     let panics_before = hearth::agent::upgrade::panic_reexecs();
-    let fault = match hearth::agent::upgrade::PanicFault::from_env() {
+    let faults = match hearth::agent::fault::Faults::from_env() {
         Ok(f) => f,
         Err(e) => {
             tracing::error!("{e}");
@@ -102,8 +102,8 @@ fn daemon(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if let Some(f) = &fault {
-        tracing::warn!("{f}");
+    if faults.any() {
+        tracing::warn!("{faults}");
     }
     let started = std::time::Instant::now();
     let rt = runtime();
@@ -177,7 +177,7 @@ fn daemon(path: &Path) -> ExitCode {
             inventory,
             notifier: Notifier::from_env(),
             log,
-            fault,
+            faults,
             logs,
         };
         daemon
@@ -192,7 +192,12 @@ fn daemon(path: &Path) -> ExitCode {
             // a warm-up each: the state in memory is not trusted). Too many in a row and it
             // stays a panic of the process (the service manager's restart adopts them too).
             Err(e) if e.is_panic() => {
-                hearth::agent::upgrade::after_panic(reexec.as_ref(), panics_before, started, fault);
+                hearth::agent::upgrade::after_panic(
+                    reexec.as_ref(),
+                    panics_before,
+                    started,
+                    faults,
+                );
                 std::panic::resume_unwind(e.into_panic())
             }
             Err(e) => Err(anyhow::anyhow!("the daemon's task ended: {e}")),

@@ -20,6 +20,7 @@ use super::containment::Containment;
 use super::control::{self, Control};
 use super::core_thread::on_own_thread;
 use super::effects::{Effects, Workers};
+use super::fault::Faults;
 use super::gpu_monitor::MonitorSink;
 use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
@@ -69,8 +70,8 @@ pub struct Daemon {
     pub notifier: Notifier,
     /// The log filter, changed by reloads.
     pub log: LogControl,
-    /// Fault injection for tests (`upgrade::FAULT_PANIC_ENV`); None in production.
-    pub fault: Option<upgrade::PanicFault>,
+    /// Fault injection for tests (fault.rs); none in production.
+    pub faults: Faults,
     /// Where replicas' output goes, chosen (and `state_dir/logs` opened) before the socket is
     /// bound.
     pub logs: ReplicaLogs,
@@ -104,7 +105,7 @@ struct Shell {
     reexec: Option<upgrade::Reexec>,
     listener_fd: std::os::fd::RawFd,
     upgrade_due: mpsc::Sender<()>,
-    fault: Option<upgrade::PanicFault>,
+    faults: Faults,
     /// The runtime's workers, where what the loop starts runs (the loop has a thread of its
     /// own: `on_own_thread`).
     workers: tokio::runtime::Handle,
@@ -126,7 +127,7 @@ impl Daemon {
             mut inventory,
             notifier,
             log,
-            fault,
+            faults,
             logs,
         } = self;
         let clock = Clock::new();
@@ -237,7 +238,7 @@ impl Daemon {
             reexec,
             listener_fd,
             upgrade_due,
-            fault,
+            faults,
             workers: tokio::runtime::Handle::current(),
         };
         on_own_thread(async move {
@@ -391,9 +392,7 @@ impl Shell {
                 request,
                 reply,
             } => {
-                if let Some(f) = &self.fault {
-                    f.check(&request, &peer);
-                }
+                self.faults.check(&request, &peer);
                 let report = match &request {
                     Request::Report(r) => Some(r.model.clone()),
                     _ => None,
@@ -527,14 +526,16 @@ impl Shell {
             (upgrade::HANDOVER_ENV, path.display().to_string()),
             (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
         ];
-        env.extend(self.fault.map(|f| f.env()));
+        env.extend(self.faults.env());
         let err = reexec.exec(&env);
         // Still here: the exec failed. Undo, and keep running the old binary.
         // SAFETY: as in `exec`: nothing else reads these meanwhile.
         unsafe {
             std::env::remove_var(upgrade::HANDOVER_ENV);
             std::env::remove_var(upgrade::LISTEN_FD_ENV);
-            std::env::remove_var(upgrade::FAULT_PANIC_ENV);
+            for name in Faults::names() {
+                std::env::remove_var(name);
+            }
         }
         let _ = std::fs::remove_file(&path);
         let _ = nix::fcntl::fcntl(

@@ -9,6 +9,7 @@ pub mod control;
 mod core_thread;
 pub mod daemon;
 mod effects;
+pub mod fault;
 pub mod gpu_monitor;
 pub mod gpu_owner;
 pub mod inbox;

@@ -18,9 +18,9 @@ use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
+use super::fault::Faults;
 use super::ledger::{self, Saved};
-use crate::core::{Adoption, Peer};
-use crate::protocol::{Op, Request, Role};
+use crate::core::Adoption;
 
 /// Set on the re-executed daemon: the hand-over file to read.
 pub const HANDOVER_ENV: &str = "HEARTH_HANDOVER";
@@ -155,72 +155,14 @@ pub fn panic_reexecs() -> u32 {
 /// A run this long counts as healthy: a panic after it starts the count again.
 const HEALTHY_RUN: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Fault injection, for tests only: `HEARTH_FAULT_INJECT_PANIC_ON_OP=<op>` makes the core's
-/// loop panic on every request with that op from an admin, so that a test can show what a
-/// panic of the core leads to with the real binary (the core itself cannot panic by
-/// construction).
-pub const FAULT_PANIC_ENV: &str = "HEARTH_FAULT_INJECT_PANIC_ON_OP";
-
-/// An armed `FAULT_PANIC_ENV`. Only whoever starts the daemon sets its environment (root, the
-/// service manager), who can end it anyway; a socket client can only send the op, and only an
-/// admin's request (who can `upgrade` or drain everything already) trips it. Read once at
-/// start and removed from the environment, so no replica inherits it; handed on to the
-/// daemon's own re-executions (after a panic, `hearth upgrade`), so every run of that daemon
-/// panics on the op again and a test decides by its requests how many panics come in a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PanicFault {
-    op: Op,
-}
-
-impl PanicFault {
-    /// Reads and removes `FAULT_PANIC_ENV`: None where it is not set, an error naming the
-    /// variable where it does not name an op.
-    pub fn from_env() -> Result<Option<PanicFault>, String> {
-        let Some(value) = std::env::var_os(FAULT_PANIC_ENV) else {
-            return Ok(None);
-        };
-        // SAFETY: at start, before the runtime's threads exist.
-        unsafe { std::env::remove_var(FAULT_PANIC_ENV) };
-        let text = value.to_string_lossy();
-        serde_json::from_value(serde_json::Value::String(text.to_string()))
-            .map(|op| Some(PanicFault { op }))
-            .map_err(|e| format!("{FAULT_PANIC_ENV}={text:?} is not an op: {e}"))
-    }
-
-    /// What arms it again in a re-executed daemon.
-    pub fn env(&self) -> (&'static str, String) {
-        (FAULT_PANIC_ENV, self.op.to_string())
-    }
-
-    /// Panics, on the core's thread, if `request` from `peer` trips the fault.
-    pub fn check(&self, request: &Request, peer: &Peer) {
-        if request.op() == self.op && peer.role == Role::Admin {
-            panic!(
-                "fault injected by {FAULT_PANIC_ENV}: a `{}` request",
-                self.op
-            );
-        }
-    }
-}
-
-impl std::fmt::Display for PanicFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "fault injection ({FAULT_PANIC_ENV}): the daemon panics on every `{}` request from an admin; for tests only",
-            self.op
-        )
-    }
-}
-
 /// The daemon's task panicked: re-execute (no hand-over: the next run adopts from the saved
-/// ledger, warm-up first), with `fault` armed again. Returns if it must not (too many in a
+/// ledger, warm-up first), with `faults` armed again. Returns if it must not (too many in a
 /// row) or could not.
 pub fn after_panic(
     reexec: Option<&Reexec>,
     before: u32,
     started: std::time::Instant,
-    fault: Option<PanicFault>,
+    faults: Faults,
 ) {
     let n = if started.elapsed() > HEALTHY_RUN {
         1
@@ -236,7 +178,7 @@ pub fn after_panic(
     }
     tracing::error!("the daemon panicked: re-executing to adopt its replicas ({n} of {MAX_PANIC_REEXECS} in a row)");
     let mut env = vec![(PANIC_REEXECS_ENV, n.to_string())];
-    env.extend(fault.map(|f| f.env()));
+    env.extend(faults.env());
     let err = r.exec(&env);
     tracing::error!("re-executing after the panic failed: {err}");
 }
@@ -251,32 +193,4 @@ pub fn keep_across_exec(fd: RawFd) -> std::io::Result<()> {
     )
     .map(|_| ())
     .map_err(std::io::Error::from)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn trips(fault: PanicFault, request: Request, role: Role) -> bool {
-        let peer = Peer {
-            role,
-            ..Peer::trusted()
-        };
-        std::panic::catch_unwind(|| fault.check(&request, &peer)).is_err()
-    }
-
-    #[test]
-    fn the_fault_trips_on_its_op_from_an_admin_only() {
-        let f = PanicFault { op: Op::Version };
-        assert!(trips(f, Request::Version {}, Role::Admin));
-        assert!(!trips(f, Request::Gpus {}, Role::Admin));
-        for role in [Role::None, Role::Reader, Role::Reporter] {
-            assert!(!trips(f, Request::Version {}, role), "{role}");
-        }
-        assert_eq!(
-            f.env(),
-            (FAULT_PANIC_ENV, "version".to_string()),
-            "what a re-exec is given"
-        );
-    }
 }

@@ -40,6 +40,7 @@ mod load;
 mod measure;
 pub mod needs;
 mod notify;
+pub mod nspawn;
 pub mod ports;
 pub mod procs;
 mod real_model;
