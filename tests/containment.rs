@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use testkit::procs::{alive, cgroup, is_root, signal, uid};
+use testkit::procs::{alive, cgroup, signal, uid};
 use testkit::status::{addr, id, pid};
 use testkit::*;
 
