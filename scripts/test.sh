@@ -24,6 +24,8 @@ need setsid util-linux
 need fincore util-linux
 need kill procps
 need diff diffutils
+need systemd-nspawn systemd-container
+need nsenter util-linux
 if command -v python3 >/dev/null && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   missing+=(python3-venv)
 fi
