@@ -1,4 +1,5 @@
 //! The CLI's side of the socket: connect, send one request, read answers.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 

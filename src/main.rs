@@ -1,4 +1,5 @@
 //! The `hearth` binary: the daemon, the operator's verbs and the toy server in one.
+#![forbid(unsafe_code)]
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -7,9 +8,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use hearth::agent::{
-    account::Accounts, control, daemon::Daemon, inventory, logging, metrics, notify::Notifier,
-    paths, reach, replica_log::ReplicaLogs,
+    account::Accounts, control, daemon::Daemon, inventory, metrics, paths, reach,
+    replica_log::ReplicaLogs,
 };
+use hearth::service::{logging, notify::Notifier};
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::Checks;
 

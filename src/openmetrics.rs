@@ -1,6 +1,7 @@
 //! The OpenMetrics text both endpoints serve (the daemon's `daemon.metrics`, the router's
 //! GET /metrics): what was recorded as it happened, then gauges read at the scrape, then `# EOF`.
 //! One encoder, so the two expositions cannot drift apart in format.
+#![forbid(unsafe_code)]
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

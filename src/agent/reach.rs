@@ -185,6 +185,10 @@ impl HostReach {
 }
 
 impl Reach for HostReach {
+    fn lookup(&self, program: &str, search: Option<&str>) -> Option<String> {
+        crate::config::program_lookup(program, search)
+    }
+
     fn program(&self, model: &ModelConfig, program: &str, search: Option<&str>) -> Option<String> {
         self.accounts
             .cannot_run(model.launch.user.as_deref(), program, search)
@@ -212,7 +216,7 @@ impl Reach for HostReach {
 /// are told it in `HEARTH_SOCKET`, and may run elsewhere than the daemon's directory). What
 /// `hearth daemon`, a reload and `hearth check-config` read.
 pub fn load(path: &Path, checks: Checks) -> Result<Config, ConfigError> {
-    let mut config = Config::load_on(path, checks, &HostReach::new(Accounts::lookup()))?;
+    let mut config = crate::config::load_on(path, checks, &HostReach::new(Accounts::lookup()))?;
     config.daemon.socket = absolute(&config.daemon.socket);
     Ok(config)
 }

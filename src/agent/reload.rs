@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use super::access::Access;
 use super::inbox::EventSink;
-use super::logging::LogControl;
+use crate::service::logging::LogControl;
 use crate::config::{Checks, Config, DaemonConfig, GpusConfig};
 use crate::core::{Event, NewConfig, ReloadCause};
 

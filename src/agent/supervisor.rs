@@ -5,6 +5,9 @@
 //! the next run adopts it); where none does, PR_SET_PDEATHSIG ties it to the daemon, since
 //! nothing could find it again.
 
+// The crate denies unsafe code; this file needs it for the spawn: what runs between fork and exec (pre_exec): each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};

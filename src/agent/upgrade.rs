@@ -14,6 +14,9 @@
 //! leaves the replicas serving (they have no PDEATHSIG in a cgroup) until the daemon is started
 //! again and adopts them.
 
+// The crate denies unsafe code; this file needs it for the re-exec: the environment and the descriptors kept across it: each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! Command-line verbs: parse, dispatch, print, and the exit codes of docs/design.md (0 ok, 1 an
 //! error answer, 2 usage or no daemon). The tables are in render.rs.
+#![forbid(unsafe_code)]
 
 mod render;
 #[cfg(test)]

@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 use super::router::Router;
 use super::settings::RouteSettings;
 use super::{link, server};
-use crate::agent::notify::Notifier;
-use crate::config::{Checks, Config};
+use crate::service::notify::Notifier;
+use crate::config::Checks;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RouteArgs {
@@ -34,7 +34,7 @@ pub fn main(args: RouteArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let _log = crate::agent::logging::init("info");
+    let _log = crate::service::logging::init("info");
     // The main thread's runtime serves connections too, and runs the listener, the daemon link
     // and the signals; `threads - 1` more threads serve connections (see server.rs).
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -60,7 +60,7 @@ pub fn main(args: RouteArgs) -> ExitCode {
 /// The file as the daemon reads it, less the host checks of the daemon's own work (the models'
 /// programs need not exist where the front door runs).
 pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
-    let config = Config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
+    let config = crate::config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
     Ok(RouteSettings::from_config(&config))
 }
 

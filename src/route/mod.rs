@@ -25,13 +25,14 @@ pub mod errors;
 pub mod link;
 pub mod metrics;
 pub mod model_field;
-pub mod paths;
 pub mod pool;
-pub mod proxies;
 pub mod proxy;
 pub mod queue;
 pub mod relay;
 pub mod router;
 pub mod server;
-pub mod settings;
 pub mod upstream;
+
+// What it runs with are types of the configuration (hearth_core::config::route), used here by
+// these names.
+pub use crate::config::route::{paths, proxies, settings};

@@ -9,6 +9,7 @@
 //! - `report`, `plot`: figures, `--json`, the table, the SVG; `header`: what a run says about
 //!   itself (slots per replica and where they came from) and the refusal of one that measures
 //!   nothing.
+#![forbid(unsafe_code)]
 
 pub mod baselines;
 pub mod cluster;
@@ -452,7 +453,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     // The simulator runs no command and binds no port: it reads the file's values only.
-    let config = match Config::load_with(&config_path, crate::config::Checks::Values) {
+    let config = match crate::config::load_with(&config_path, crate::config::Checks::Values) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hearth simulate: {e}");

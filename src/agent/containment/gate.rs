@@ -17,6 +17,9 @@
 //! `spawn` returns the error). The child carries PR_SET_PDEATHSIG and sees EOF if the daemon
 //! dies meanwhile: it never runs unplaced.
 
+// The crate denies unsafe code; this file needs it for what the child does between fork and exec: each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};

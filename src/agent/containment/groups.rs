@@ -11,6 +11,9 @@
 //! And none of it outlives the daemon: after a `kill -9` of hearth, orphans are init's. Ports
 //! they hold are passed over, and they never pass a new replica's warm-up (listeners.rs).
 
+// The crate denies unsafe code; this file needs it for what the child does between fork and exec: each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 

@@ -4,6 +4,9 @@
 //! MIG instance of an event), the maximum MIG device count and a MIG instance's GPU instance id.
 //! Every raw symbol is checked for presence first: an older driver lacks some.
 
+// The crate denies unsafe code; this file needs it for the raw NVML symbols nvml-wrapper does not wrap: each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::mem;
 use std::sync::Arc;
 

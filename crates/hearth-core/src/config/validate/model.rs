@@ -185,12 +185,12 @@ impl Cx<'_> {
             warmup,
         };
         let slots = match &raw.slots {
-            None => crate::route::settings::DEFAULT_SLOTS,
+            None => crate::config::route::settings::DEFAULT_SLOTS,
             Some(v) => self.bounded(
                 &k("slots"),
                 v,
                 1,
-                i64::from(crate::route::settings::MAX_SLOTS),
+                i64::from(crate::config::route::settings::MAX_SLOTS),
             )? as u32,
         };
         let config = ModelConfig {

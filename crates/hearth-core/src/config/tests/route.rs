@@ -20,7 +20,7 @@ fn route_keys_apply_and_defaults_stay_elsewhere() {
     let c = parse(&text).unwrap();
     assert_eq!(c.models[0].slots, 1, "slots default to 1");
     assert_eq!(c.models[1].slots, 8);
-    let s = crate::route::settings::RouteSettings::from_config(&c);
+    let s = crate::config::route::settings::RouteSettings::from_config(&c);
     assert_eq!(s.listen.to_string(), "0.0.0.0:9000");
     assert_eq!(s.queue_timeout, Duration::from_secs(5));
     assert_eq!(s.max_body, 1 << 20);
@@ -42,7 +42,7 @@ fn route_keys_apply_and_defaults_stay_elsewhere() {
 #[test]
 fn a_file_without_route_runs_a_front_door_on_loopback() {
     let c = parse(&two_models()).unwrap();
-    let s = crate::route::settings::RouteSettings::from_config(&c);
+    let s = crate::config::route::settings::RouteSettings::from_config(&c);
     assert!(s.listen.ip().is_loopback(), "{}", s.listen);
     assert!(s.api_keys.is_empty());
     assert_eq!(s.models.len(), 2);
@@ -143,7 +143,7 @@ fn trusted_proxies_and_the_bound_per_client_apply() {
          trusted_proxies = [\"10.0.0.5\", \" 10.1.0.0/16 \", \"fd00::/8\"]\n",
         two_models()
     );
-    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    let s = crate::config::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     assert!(s.trusted_proxies.contains(ip("10.0.0.5")));
     assert!(s.trusted_proxies.contains(ip("10.1.9.9")));
@@ -158,9 +158,9 @@ fn trusted_proxies_and_the_bound_per_client_apply() {
         "{}[route]\nmax_buffered = \"64MiB\"\nmax_buffered_per_client = \"16MiB\"\n",
         two_models()
     );
-    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    let s = crate::config::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
     assert_eq!(s.max_buffered_per_client, 16 << 20);
-    let s = crate::route::settings::RouteSettings::from_config(&parse(&two_models()).unwrap());
+    let s = crate::config::route::settings::RouteSettings::from_config(&parse(&two_models()).unwrap());
     assert_eq!(s.max_buffered_per_client, 128 << 20, "1 GiB / 8");
     assert!(
         s.trusted_proxies.0.is_empty(),

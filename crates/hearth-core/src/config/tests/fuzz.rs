@@ -10,7 +10,7 @@ const FILE: &str = "fuzz.toml";
 
 /// The product's example and docs/design.md's, both valid.
 fn bases() -> [&'static str; 2] {
-    [EXAMPLE, include_str!("../../../config.toml.example")]
+    [EXAMPLE, include_str!("../../../../../config.toml.example")]
 }
 
 /// Values as someone gets them wrong: the wrong type, the edges of each type, absurd sizes.

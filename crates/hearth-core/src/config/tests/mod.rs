@@ -142,7 +142,7 @@ pub(super) fn line_of(text: &str, prefix: &str, nth: usize) -> usize {
 /// (comments and spacing aside), so the page cannot drift from what is tested.
 #[test]
 fn the_design_pages_example_is_the_one_tested() {
-    let page = include_str!("../../../docs/design.md");
+    let page = include_str!("../../../../../docs/design.md");
     let block = page
         .split("```toml\n")
         .nth(1)

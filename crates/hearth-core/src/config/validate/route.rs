@@ -9,9 +9,9 @@ use toml::Spanned;
 use super::{at, Cx, Res};
 use crate::config::raw::{index, join, Opt, RawRoute};
 use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
-use crate::route::paths::PathRules;
-use crate::route::proxies::{Cidr, TrustedProxies};
-use crate::route::settings::{
+use crate::config::route::paths::PathRules;
+use crate::config::route::proxies::{Cidr, TrustedProxies};
+use crate::config::route::settings::{
     per_client_default, DEFAULT_LISTEN, DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
     MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_THREADS,
