@@ -5,7 +5,7 @@
 # (python3 with venv, util-linux's unshare/setsid/fincore, procps's kill, diffutils); as another
 # user it names what is missing and stops. Then it prepares llama.cpp's server with a tiny model
 # (scripts/real-model.sh) and a Python with the official openai client (PyPI), and runs
-#   cargo test --release -- --test-threads 4
+#   cargo test --release --workspace -- --test-threads 4
 # A test that cannot run here (not root, no writable cgroup v2, …) fails and says what is
 # missing; HEARTH_ALLOW_SKIP=1 makes such tests pass with a note instead, for a developer's
 # machine only: CI never sets it.
@@ -50,4 +50,4 @@ venv=$target/openai-venv
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r scripts/requirements-openai.txt
 export HEARTH_OPENAI_PYTHON=$venv/bin/python
 
-exec cargo test --release -- --test-threads 4
+exec cargo test --release --workspace -- --test-threads 4

@@ -11,9 +11,9 @@ use hearth::agent::{
     account::Accounts, control, daemon::Daemon, inventory, metrics, paths, reach,
     replica_log::ReplicaLogs,
 };
-use hearth::service::{logging, notify::Notifier};
 use hearth::cli::{client_verb, Cli, Command};
 use hearth::config::Checks;
+use hearth::service::{logging, notify::Notifier};
 
 fn main() -> ExitCode {
     let cli = Cli::parse_args();

@@ -29,9 +29,7 @@ use super::gpu_owner::Attribution;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::ledger::{Persister, Saved};
-use crate::service::logging::LogControl;
 use super::metrics::{self, Recorder};
-use crate::service::notify::Notifier;
 use super::reload::{self, Fixed, Settings};
 use super::replica_log::ReplicaLogs;
 use super::status_line::status_line;
@@ -41,6 +39,8 @@ use super::{probe, state, upgrade};
 use crate::config::Config;
 use crate::core::{Action, Adoption, Event, Ledger, Node, Time};
 use crate::protocol::Request;
+use crate::service::logging::LogControl;
+use crate::service::notify::Notifier;
 
 /// Wall-clock time carried forward by a monotonic clock: timestamps operators can read, and
 /// intervals that never jump.

@@ -11,9 +11,9 @@ use tokio_util::task::TaskTracker;
 
 use super::access::Access;
 use super::inbox::EventSink;
-use crate::service::logging::LogControl;
 use crate::config::{Checks, Config, DaemonConfig, GpusConfig};
 use crate::core::{Event, NewConfig, ReloadCause};
+use crate::service::logging::LogControl;
 
 /// The longest a read of the configuration file may take. A file that does not come within this
 /// (a hung network filesystem) fails the reload; the daemon goes on meanwhile.

@@ -41,4 +41,3 @@ pub fn read_file(path: &Path) -> Result<String, ConfigError> {
         .map_err(|e| unreadable(e.to_string()))?;
     Ok(text)
 }
-

@@ -212,7 +212,6 @@ fn the_example_says_to_run_the_readmes_first_command() {
     );
 }
 
-
 #[test]
 fn load_reads_files_and_reports_unreadable_ones() {
     let dir = std::env::temp_dir().join(format!("hearth-config-test-{}", std::process::id()));
@@ -233,4 +232,3 @@ fn load_reads_files_and_reports_unreadable_ones() {
         .starts_with(&format!("{}: -: ", missing.display())));
     std::fs::remove_dir_all(&dir).unwrap();
 }
-

@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 use super::router::Router;
 use super::settings::RouteSettings;
 use super::{link, server};
-use crate::service::notify::Notifier;
 use crate::config::Checks;
+use crate::service::notify::Notifier;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RouteArgs {
@@ -60,7 +60,8 @@ pub fn main(args: RouteArgs) -> ExitCode {
 /// The file as the daemon reads it, less the host checks of the daemon's own work (the models'
 /// programs need not exist where the front door runs).
 pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
-    let config = crate::config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
+    let config =
+        crate::config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
     Ok(RouteSettings::from_config(&config))
 }
 

@@ -15,8 +15,7 @@ use crate::agent::gpu_monitor::{DeviceMemory, GpuSource, MonitorSink, News, Xid}
 use crate::agent::gpu_owner::{Attribution, CgroupIndex};
 use crate::agent::inbox::{self, EventSink, ShellMsg};
 use crate::agent::inventory::Inventory;
-use crate::core::gpu_tests::{gpu_model, on_device};
-use crate::core::tests::{Harness, BASE};
+use crate::core::harness::{gpu_model, on_device, Harness, BASE};
 use crate::core::{
     Action, Event, GpuDevice, GpuProcess, GpuReading, Link, RecoveryAction, ReplicaState,
 };

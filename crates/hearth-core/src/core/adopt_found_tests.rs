@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::adopt_tests::{earlier_run, probes, stopped_undrained, two_models};
-use super::tests::{routed_sets, signals, Harness};
+use super::harness::{routed_sets, signals, Harness};
 use super::*;
 
 fn found(toml: &str, ledger: Ledger) -> (Harness, Vec<Action>) {

@@ -3,7 +3,7 @@
 //! changed, drained before they stop when they cannot be taken back; no cold start for any that
 //! matches. `adopt_found_tests.rs`: the re-verification of routed ones in place.
 
-use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
+use super::harness::{model, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
 
 pub(super) fn two_models(a_command: &str) -> String {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::tests::{model, BASE};
+use super::harness::{model, BASE};
 use super::*;
 
 fn scaling(keys: &str) -> crate::config::ScalingConfig {

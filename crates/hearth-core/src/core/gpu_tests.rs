@@ -3,20 +3,10 @@
 
 use std::time::Duration;
 
-use super::tests::{model, routed_sets, signals, spawns, Harness, BASE};
+use super::harness::{gpu_model, on_device, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
 use crate::protocol::Health;
 use crate::protocol::Request;
-
-pub(crate) fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
-    model(name, extra, scaling).replace("gpus = 0", &format!("gpus = 1\ngpu_memory = \"{mem}\""))
-}
-
-pub(crate) fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
-    let mut v = h.node.gpus.slot(uuid).unwrap().replicas.clone();
-    v.sort();
-    v
-}
 
 pub(crate) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Event {
     Event::GpuXid {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::tests::{model, routed_sets, spawns, Harness, BASE};
+use super::harness::{model, routed_sets, spawns, Harness, BASE};
 use super::*;
 use crate::config::Config;
 use crate::protocol::{Report, Request, WarmPoolSetting, WatchEvent, WatchedState};
@@ -510,7 +510,7 @@ fn shrink_to(h: &mut Harness, to: u32) -> usize {
         while let Some(out) = events.pop() {
             handled += 1;
             assert_eq!(spawns(&out), 0, "a surplus replica was started");
-            let term = super::tests::signals(&out, StopSignal::Term);
+            let term = super::harness::signals(&out, StopSignal::Term);
             assert!(term.len() <= batch, "{} stopped by one event", term.len());
             // Pending ones stopped, and the one process that exited.
             let gone = out

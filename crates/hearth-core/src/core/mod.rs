@@ -27,9 +27,13 @@ mod front_door_tests;
 pub mod front_doors;
 mod gpu;
 #[cfg(test)]
-pub(crate) mod gpu_tests;
+mod gpu_tests;
+// The core under test (virtual time, a fake process table), for the core's tests and the
+// shell's tests of what feeds it.
 #[cfg(test)]
 mod harden_tests;
+#[cfg(any(test, feature = "harness"))]
+pub mod harness;
 mod health;
 mod lifecycle;
 mod model;
@@ -61,7 +65,7 @@ mod signal;
 mod starts;
 pub mod status;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 #[cfg(test)]
 mod unavailable_tests;
 pub mod xid;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::tests::{model, routed_sets, spawns, Harness, BASE};
+use super::harness::{model, routed_sets, spawns, Harness, BASE};
 use super::*;
 use crate::protocol::{Report, Request, WatchEvent};
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::tests::{model, Harness, BASE};
+use super::harness::{model, Harness, BASE};
 use super::*;
 use crate::protocol::{Report, Request, Role};
 

@@ -302,7 +302,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::core::tests::{model, Harness, BASE};
+    use crate::core::harness::{model, Harness, BASE};
     use crate::core::Time;
 
     /// Model names whose ids interleave (`a-1` < `a-b-1` < `a-2`…): a prefix of the id map

@@ -145,7 +145,7 @@ fn oldest_wait_bound(r: &mut super::replica::Replica, depth: u64, now: Time) -> 
 mod tests {
     use std::time::Duration;
 
-    use super::super::tests::{model, Harness, BASE};
+    use super::super::harness::{model, Harness, BASE};
     use super::super::{Action, Event, LogLevel, QueueTime, ReplicaId, ReplicaState, ScrapedQueue};
 
     fn scraped_config(extra_scaling: &str) -> String {

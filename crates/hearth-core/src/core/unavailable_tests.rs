@@ -2,7 +2,7 @@
 //! not succeed — every port taken by other processes, or starts that fail (an account that
 //! cannot execute the command) — until the crash loop trips or a replica gets ready.
 
-use super::tests::{model, Harness, BASE};
+use super::harness::{model, Harness, BASE};
 use super::*;
 use crate::protocol::Health;
 

@@ -2,7 +2,6 @@
 //! told its port and probed there, minimums fit static GPUs. (That programs exist on this host is
 //! the shell's to say: its config module's tests.)
 
-
 use super::*;
 use crate::config::validate::fit::{Demand, Devices, Fit};
 use crate::config::*;

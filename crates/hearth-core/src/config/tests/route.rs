@@ -160,7 +160,8 @@ fn trusted_proxies_and_the_bound_per_client_apply() {
     );
     let s = crate::config::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
     assert_eq!(s.max_buffered_per_client, 16 << 20);
-    let s = crate::config::route::settings::RouteSettings::from_config(&parse(&two_models()).unwrap());
+    let s =
+        crate::config::route::settings::RouteSettings::from_config(&parse(&two_models()).unwrap());
     assert_eq!(s.max_buffered_per_client, 128 << 20, "1 GiB / 8");
     assert!(
         s.trusted_proxies.0.is_empty(),

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::super::tests::Harness;
+use super::super::harness::Harness;
 use super::super::*;
 use super::cfg;
 use crate::config::Config;

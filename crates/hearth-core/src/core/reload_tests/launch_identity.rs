@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::super::harness::{signals, spawns, Harness};
 use super::super::replica::Replica;
-use super::super::tests::{signals, spawns, Harness};
 use super::super::*;
 use super::cfg;
 use crate::config::{

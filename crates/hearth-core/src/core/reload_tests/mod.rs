@@ -6,7 +6,7 @@
 //! - `launch_identity.rs`: the launch spec, every field of it, and nothing else, rolls a model
 //!   over.
 
-use super::tests::{model, BASE};
+use super::harness::{model, BASE};
 
 mod flow;
 mod launch_identity;

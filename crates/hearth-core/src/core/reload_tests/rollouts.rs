@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::super::tests::{signals, spawns, Harness};
+use super::super::harness::{signals, spawns, Harness};
 use super::super::*;
 use super::cfg;
 
