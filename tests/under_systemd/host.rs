@@ -1,6 +1,6 @@
 //! The host under test: a booted container ([`testkit::nspawn`]) with hearth installed from the
-//! repo's own unit files the way README.md ("Installing with systemd") and docs/operations.md
-//! say, and what the checks ask of it: systemctl's view, hearth's status, the journal, scopes.
+//! repo's own unit files the way docs/operations.md ("Installing with systemd", and its rehearsal)
+//! says, and what the checks ask of it: systemctl's view, hearth's status, the journal, scopes.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -108,7 +108,7 @@ impl Host {
         s
     }
 
-    /// README.md's install, in a container whose /usr is read-only: accounts copied in from the
+    /// docs/operations.md's install, in a container whose /usr is read-only: accounts copied in from the
     /// host; the units, sysusers and tmpfiles files under /etc (where systemd reads them before
     /// /usr/lib); the configuration root:hearth 0640; a drop-in per unit for ExecStart= (the
     /// build, not /usr/local/bin) and the test's timings. Then `check-config`, `daemon-reload`.

@@ -1,6 +1,6 @@
 //! hearth under a real systemd (issue 29): a throwaway container of this machine's own /usr
-//! with systemd as PID 1 (`testkit::nspawn`), the repo's own unit files installed as README.md
-//! says (docs/operations.md is the same recipe, for an operator's rehearsal), and the production
+//! with systemd as PID 1 (`testkit::nspawn`), the repo's own unit files installed as
+//! docs/operations.md says (its rehearsal is the same recipe, for an operator), and the production
 //! path checked end to end: readiness and STATUS=, scopes under hearth.slice, reloads, the
 //! upgrade, kill -9, the watchdog, stop, the journal, the sandbox against llama.cpp's server,
 //! and `systemctl stop hearth.slice`.
