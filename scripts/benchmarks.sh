@@ -48,7 +48,7 @@ context token and 20 ms per generated token, cold start 60 s, promotion delay 50
 2 s, min 1, max 16, hearth's warm pool 2, `down_stabilization` 5 min, `down_step` 1 min), seed 1,
 figures from the 5-minute mark on. Every policy sees the same arrivals; "replica-s" counts every
 replica holding a GPU (starting, warm, routed, draining); efficiency is the work-conserving lower
-bound (busy slot-seconds ÷ 8) ÷ replica-s. `hearth` is the real core (`src/core/`) driven with
+bound (busy slot-seconds ÷ 8) ÷ replica-s. `hearth` is the real core (`crates/hearth-core/src/core/`) driven with
 virtual time; `hearth-nopool` is the same with `warm_pool = 0`. The baselines, their published
 defaults and sources are in `src/sim/baselines/`.
 
