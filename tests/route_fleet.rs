@@ -162,10 +162,13 @@ fn haproxy_reads_ready_saturated_drained_maintenance_and_stopping_from_the_agent
         .zip(&before)
         .map(|(h, b)| h.answered("toy", 200) - b)
         .collect();
-    eprintln!("through HAProxy while host 1 was saturated: {through:?} (of {ok})");
+    let elsewhere = through[1] + through[2];
+    eprintln!(
+        "through HAProxy while host 1 was saturated: hosts 2 and 3 answered {elsewhere} of {ok}"
+    );
     assert!(
-        through[1] + through[2] >= 0.9 * ok as f64,
-        "load did not move away from the saturated host: {through:?}"
+        elsewhere >= 0.9 * ok as f64,
+        "load did not move away from the saturated host: {through:?} of {ok}"
     );
     flood_stop.store(true, Ordering::Relaxed);
     for t in flood {
@@ -255,7 +258,8 @@ fn drain_stop_and_upgrade_of_one_host_under_load_fail_no_request() {
         pid,
         "the same process, re-executed"
     );
-    fleet.hosts[1].daemon.wait_routed("toy", 2, WAIT);
+    let routed = fleet.hosts[1].model("toy")["routed"].as_u64().unwrap();
+    assert!(routed >= 2, "replicas kept their roles: {routed} routed");
     clients.more(20);
     assert_eq!(clients.failed(), 0, "upgrade: {:?}", clients.failures);
 
@@ -285,11 +289,12 @@ fn kill_9_of_a_front_door_is_marked_down_and_fails_at_most_what_it_held() {
     let clients = Clients::start(fleet.frontend, 6, 60);
     clients.more(20);
     let h = &fleet.hosts[0];
-    let held = h
-        .metric("hearth_route_in_flight{model=\"toy\"}")
-        .unwrap_or(0.0)
-        + h.metric("hearth_route_queue_depth{model=\"toy\"}")
-            .unwrap_or(0.0);
+    // Killed while it holds requests (streams among them, whose first bytes went out).
+    let held = wait_until("host 1 holding requests", WAIT, || {
+        let n = h.metric("hearth_route_in_flight{model=\"toy\"}")?
+            + h.metric("hearth_route_queue_depth{model=\"toy\"}")?;
+        (n >= 1.0).then_some(n)
+    });
     fleet.hosts[0].router.as_mut().unwrap().kill();
     let killed = Instant::now();
     let s = fleet.wait_server("toy", 0, "down", WAIT, |s| s.op_state == 0);
@@ -316,6 +321,8 @@ fn prometheus_records_the_fleet_and_the_openai_client_works_through_haproxy() {
     let python = openai_python();
     let mut fleet = fleet_with_haproxy();
     fleet.start_prometheus();
+    // Traffic while Prometheus scrapes: the queue-wait quantiles are rates.
+    let clients = Clients::start(fleet.frontend, 3, 8);
 
     let script = repo_dir().join("tests/fixtures/openai_toy_client.py");
     let out = std::process::Command::new(&python)
@@ -386,7 +393,11 @@ fn prometheus_records_the_fleet_and_the_openai_client_works_through_haproxy() {
         "model:hearth_route_queue_wait_seconds:p50_1m",
         "model:hearth_route_queue_wait_seconds:p99_1m",
     ] {
-        let v = wait_until(q, WAIT, || one(q, "\"model\":\"toy\""));
+        let v = wait_until(q, WAIT, || {
+            one(q, "\"model\":\"toy\"").filter(|v| v.is_finite())
+        });
         eprintln!("{q} = {v}");
     }
+    let (ok, failed) = clients.finish();
+    assert!(failed.is_empty(), "{failed:?} of {ok}");
 }
