@@ -299,7 +299,8 @@ fn run(rounds: u64) -> Bench {
             b.request(
                 "drain",
                 Request::Drain {
-                    replica: r,
+                    replica: Some(r),
+                    model: None,
                     force: true,
                 },
             );

@@ -2,7 +2,8 @@
 # The test command: installs what the tests need, then runs the whole suite.
 #   scripts/test.sh
 # On a fresh Debian machine, as root (as CI runs it), it installs the Debian packages the tests run
-# (python3 with venv, util-linux's unshare/setsid/fincore, procps's kill, diffutils); as another
+# (python3 with venv, util-linux's unshare/setsid/fincore, procps's kill, diffutils, haproxy and
+# prometheus for tests/route_fleet.rs); as another
 # user it names what is missing and stops. Then it prepares llama.cpp's server with a tiny model
 # (scripts/real-model.sh) and a Python with the official openai client (PyPI), and runs
 #   cargo test --release --workspace -- --test-threads 4
@@ -26,6 +27,8 @@ need kill procps
 need diff diffutils
 need systemd-nspawn systemd-container
 need nsenter util-linux
+need haproxy haproxy
+need prometheus prometheus
 if command -v python3 >/dev/null && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   missing+=(python3-venv)
 fi

@@ -254,6 +254,30 @@ fn the_unit_file_fits_the_daemon() {
     );
 }
 
+/// The front door's unit leaves a stop room for the drain that comes first (docs/fleet.md):
+/// `[route] drain_timeout`, then `shutdown_grace`, at their defaults, and a margin.
+#[test]
+fn the_front_door_unit_leaves_room_for_the_drain_and_the_grace() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/hearth-route.service"
+    ))
+    .unwrap();
+    let stop: Vec<u64> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .map(|v| v.trim().trim_end_matches('s').parse().unwrap())
+        .collect();
+    let needed = hearth::route::settings::DEFAULT_DRAIN_TIMEOUT
+        + hearth::route::settings::DEFAULT_SHUTDOWN_GRACE;
+    assert_eq!(stop.len(), 1, "TimeoutStopSec= once: {stop:?}");
+    assert!(
+        stop[0] >= needed.as_secs() + 15,
+        "TimeoutStopSec={} leaves no room for drain_timeout + shutdown_grace ({needed:?})",
+        stop[0]
+    );
+}
+
 /// Decodes journald's native protocol: `NAME=value\n`, or `NAME\n` + 64-bit LE length + bytes +
 /// `\n` for values that may hold newlines.
 fn journal_fields(mut b: &[u8]) -> Option<Vec<(String, String)>> {

@@ -249,7 +249,10 @@ impl Effects {
             WatchEvent::Scale {
                 model, from, to, ..
             } => self.recorder.scale(model, *from, *to),
-            WatchEvent::Replica { .. } | WatchEvent::Routed { .. } | WatchEvent::Gpu { .. } => {}
+            WatchEvent::Replica { .. }
+            | WatchEvent::Routed { .. }
+            | WatchEvent::Gpu { .. }
+            | WatchEvent::Capacity { .. } => {}
         }
         self.seq += 1;
         let line = serde_json::to_string(&event).unwrap_or_default();

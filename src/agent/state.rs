@@ -147,6 +147,7 @@ max = 4
                 min: Some(2),
                 max: Some(5),
                 warm_pool: None,
+                ..Default::default()
             },
         )])
     }

@@ -127,13 +127,27 @@ pub enum Command {
         #[command(flatten)]
         socket: Socket,
     },
-    /// Unroute a replica, let its work finish, stop it
+    /// Unroute a replica, let its work finish, stop it; or, with --model, take a model off
+    /// the fleet's balancers (front doors answer their agent checks `drain`; replicas keep
+    /// running, undone by `hearth undrain --model`)
+    #[command(group(ArgGroup::new("what").args(["replica", "model"]).required(true)))]
     Drain {
         /// The replica, as status names it (MODEL-N)
-        replica: String,
+        replica: Option<String>,
+        /// The model to drain off this host's balancers
+        #[arg(long, value_name = "MODEL", conflicts_with = "force")]
+        model: Option<String>,
         /// Drain it even where routed would drop below min and no replacement can be placed
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        socket: Socket,
+    },
+    /// Put a model drained with `hearth drain --model` back in the balancers' rotation
+    Undrain {
+        /// The model
+        #[arg(long, value_name = "MODEL")]
+        model: String,
         #[command(flatten)]
         socket: Socket,
     },
@@ -186,6 +200,7 @@ impl Command {
             | Command::Report { socket, .. }
             | Command::Scale { socket, .. }
             | Command::Drain { socket, .. }
+            | Command::Undrain { socket, .. }
             | Command::Cordon { socket, .. }
             | Command::Uncordon { socket, .. }
             | Command::Reload { socket }
@@ -217,7 +232,7 @@ impl Cli {
         match (&self.socket, self.command.socket()) {
             (Some(_), None) => Err(
                 "--socket is for the verbs that talk to the daemon (status, watch, gpus, report, \
-                 scale, drain, cordon, uncordon, reload); the daemon takes its socket from the \
+                 scale, drain, undrain, cordon, uncordon, reload); the daemon takes its socket from the \
                  configuration"
                     .into(),
             ),
@@ -313,7 +328,20 @@ fn request_of(command: Command) -> Option<(Request, Render)> {
             },
             Render::Quiet,
         ),
-        Command::Drain { replica, force, .. } => (Request::Drain { replica, force }, Render::Quiet),
+        Command::Drain {
+            replica,
+            model,
+            force,
+            ..
+        } => (
+            Request::Drain {
+                replica,
+                model,
+                force,
+            },
+            Render::Quiet,
+        ),
+        Command::Undrain { model, .. } => (Request::Undrain { model }, Render::Quiet),
         Command::Cordon {
             gpu,
             reason,

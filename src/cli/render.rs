@@ -98,7 +98,7 @@ pub fn status_table(s: &StatusView) -> String {
 
 fn model_block(m: &ModelView, uuids: &Uuids) -> String {
     let mut out = format!(
-        "{} (version {})  health {}{}\n",
+        "{} (version {})  health {}{}{}\n",
         m.name,
         m.version,
         m.health,
@@ -106,6 +106,11 @@ fn model_block(m: &ModelView, uuids: &Uuids) -> String {
             String::new()
         } else {
             format!(": {}", m.health_reason)
+        },
+        if m.drained {
+            "  DRAINED off the balancers (hearth undrain --model)"
+        } else {
+            ""
         }
     );
     out.push_str(&format!(

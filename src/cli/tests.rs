@@ -10,9 +10,9 @@ use super::*;
 use crate::protocol::{GpuView, ModelView, ReplicaState, ReplicaView, SignalView, StatusView};
 
 /// The verbs that talk to the daemon.
-const CLIENT_VERBS: [&str; 10] = [
-    "status", "watch", "gpus", "report", "scale", "drain", "cordon", "uncordon", "reload",
-    "upgrade",
+const CLIENT_VERBS: [&str; 11] = [
+    "status", "watch", "gpus", "report", "scale", "drain", "undrain", "cordon", "uncordon",
+    "reload", "upgrade",
 ];
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -301,4 +301,39 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         json.contains(UUID_A) && json.contains(UUID_B),
         "--json keeps UUIDs whole"
     );
+}
+
+#[test]
+fn drain_takes_a_replica_or_a_model_and_undrain_a_model() {
+    let req = |args: &[&str]| request_of(parse(args).unwrap().command).map(|(r, _)| r);
+    assert_eq!(
+        req(&["drain", "toy-1"]),
+        Some(Request::Drain {
+            replica: Some("toy-1".into()),
+            model: None,
+            force: false
+        })
+    );
+    assert_eq!(
+        req(&["drain", "--model", "toy"]),
+        Some(Request::Drain {
+            replica: None,
+            model: Some("toy".into()),
+            force: false
+        })
+    );
+    assert_eq!(
+        req(&["undrain", "--model", "toy"]),
+        Some(Request::Undrain {
+            model: "toy".into()
+        })
+    );
+    for bad in [
+        &["drain"][..],
+        &["drain", "toy-1", "--model", "toy"],
+        &["drain", "--model", "toy", "--force"],
+        &["undrain"],
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?}");
+    }
 }

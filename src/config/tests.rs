@@ -44,7 +44,7 @@ fn fails_at(checks: Checks, text: &str, key: &str, line: usize) -> String {
 
 #[test]
 fn load_refuses_an_empty_or_truncated_file_as_a_reload_reads_it() {
-    // The daemon's reload reads the file with Config::load; its error keeps the running models.
+    // The daemon's reload reads the file with config::load; its error keeps the running models.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hearth.toml");
     let full = format!("[daemon]\nports = \"20000-20099\"\n{}", model("a"));

@@ -62,9 +62,11 @@ pub async fn handle(
         (&Method::GET, "/metrics") => errors::text_response(
             StatusCode::OK,
             crate::openmetrics::CONTENT_TYPE,
-            router
-                .metrics
-                .render(router.states(), router.is_daemon_connected()),
+            router.metrics.render(
+                router.states(),
+                router.is_daemon_connected(),
+                router.drain_phases(),
+            ),
         ),
         (&Method::GET, "/v1/models") => models(&router),
         (&Method::GET, p) if p.starts_with("/v1/models/") => {

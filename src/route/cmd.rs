@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::router::Router;
 use super::settings::RouteSettings;
-use super::{link, server};
+use super::{agent_listen, link, server};
 use crate::config::Checks;
 use crate::service::notify::Notifier;
 
@@ -68,8 +68,16 @@ pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
 async fn run(settings: RouteSettings) -> anyhow::Result<()> {
     let listener = server::bind(settings.listen, settings.max_connections)
         .map_err(|e| anyhow::anyhow!("binding {}: {e}", settings.listen))?;
-    // SIGTERM (systemd stop) and SIGINT: stop accepting, let requests in progress finish within
-    // shutdown_grace. A second one: leave now.
+    let agent = match settings.agent_listen {
+        Some(a) => Some(
+            agent_listen::bind(a).map_err(|e| anyhow::anyhow!("binding agent_listen {a}: {e}"))?,
+        ),
+        None => None,
+    };
+    // SIGTERM (systemd stop) and SIGINT: with an agent, answer the balancers `drain` until
+    // every one polling was told and no request came for drain_grace (drain_timeout at most);
+    // then stop accepting, and let requests in progress finish within shutdown_grace. A second
+    // one: leave now.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let grace = settings.shutdown_grace;
@@ -147,24 +155,60 @@ async fn run(settings: RouteSettings) -> anyhow::Result<()> {
             ""
         }
     );
+    let stop_agent = CancellationToken::new();
+    let agent_task = agent.map(|l| {
+        let at = l.local_addr().ok();
+        tracing::info!(
+            "answering HAProxy agent checks on {}",
+            at.map_or_else(|| "?".into(), |a| a.to_string())
+        );
+        tokio::spawn(agent_listen::serve(l, router.clone(), stop_agent.clone()))
+    });
     let mut notifier = Notifier::from_env();
     notifier.ready(&format!("serving on {addr}"));
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    let mut leave_now = false;
+    if agent_task.is_some() {
+        let timeout = router.settings.drain_timeout;
+        tracing::info!(
+            "stopping: answering the balancers drain, serving until each polling was told and \
+             no request came for {:?} ({timeout:?} at most)",
+            router.settings.drain_grace
+        );
+        notifier.stopping("draining: telling the balancers");
+        router.begin_stop();
+        let drained = async {
+            while !router.stop_drained() {
+                tokio::time::sleep(link::REPORT_EVERY).await;
+            }
+        };
+        tokio::select! {
+            _ = drained => {}
+            _ = term.recv() => leave_now = true,
+            _ = int.recv() => leave_now = true,
+        }
+    }
     tracing::info!("stopping: no new connections; requests in progress have {grace:?}");
     notifier.stopping("finishing requests in progress");
     shutdown.cancel();
     let _ = server.await;
     tracker.close();
-    tokio::select! {
-        _ = tracker.wait() => {}
-        _ = tokio::time::sleep(grace) => {
-            tracing::warn!("requests still in progress after {grace:?}; leaving");
+    if !leave_now {
+        tokio::select! {
+            _ = tracker.wait() => {}
+            _ = tokio::time::sleep(grace) => {
+                tracing::warn!("requests still in progress after {grace:?}; leaving");
+            }
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    }
+    stop_agent.cancel();
+    if let Some(t) = agent_task {
+        let _ = t.await;
     }
     // The daemon link ends with the cancel; a last report is not needed (the daemon ages
     // reports out after stale_after).

@@ -27,6 +27,9 @@ pub enum Failure {
     ClientBusy,
     /// A replica could not be reached, or failed, and no other could take the request.
     Upstream,
+    /// The model is drained here (an operator's drain, or a stop) and its balancers were told:
+    /// another host takes it (`retry-on 503`).
+    Drained,
 }
 
 impl Failure {
@@ -39,7 +42,9 @@ impl Failure {
             Failure::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Failure::QueueFull | Failure::ClientBusy => StatusCode::TOO_MANY_REQUESTS,
-            Failure::QueueTimeout | Failure::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Failure::QueueTimeout | Failure::Busy | Failure::Drained => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Failure::Upstream => StatusCode::BAD_GATEWAY,
         }
     }
@@ -59,6 +64,7 @@ impl Failure {
             Failure::Busy => ("server_error", "overloaded"),
             Failure::ClientBusy => ("rate_limit_error", "client_overloaded"),
             Failure::Upstream => ("server_error", "upstream_failed"),
+            Failure::Drained => ("server_error", "drained"),
         }
     }
 }
@@ -85,6 +91,17 @@ pub fn queue_full(model: &str, max_queue: usize, retry_after_secs: u64) -> Respo
         header::RETRY_AFTER,
         HeaderValue::from(retry_after_secs.max(1)),
     );
+    r
+}
+
+/// 503 for a model drained here, with `Retry-After: 1`: a balancer sends it elsewhere.
+pub fn drained(model: &str) -> Response<RouteBody> {
+    let mut r = error(
+        Failure::Drained,
+        format!("model {model:?} is drained on this host; another host serves it"),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
 }
 

@@ -19,6 +19,7 @@ use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LinesCodec};
 use tokio_util::sync::CancellationToken;
 
+use super::agent::Capacity;
 use super::router::Router;
 use crate::client::Client;
 use crate::protocol::{self, Request, WatchEvent};
@@ -27,7 +28,7 @@ use crate::protocol::{self, Request, WatchEvent};
 pub const REPORT_EVERY: Duration = Duration::from_millis(100);
 /// First reconnect delay, doubled up to `BACKOFF_MAX`.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A report shows a wait over the target only once the wait is over it: the crossing instant
 /// plus this.
 const CROSSING_MARGIN: Duration = Duration::from_millis(1);
@@ -87,8 +88,29 @@ async fn watch_once(
             // snapshot.
             return Err(failure_text(&line));
         }
-        let Ok(WatchEvent::Routed { model, endpoints }) = serde_json::from_value(line) else {
-            continue;
+        let (model, endpoints) = match serde_json::from_value(line) {
+            Ok(WatchEvent::Routed { model, endpoints }) => (model, endpoints),
+            Ok(WatchEvent::Capacity {
+                model,
+                drained,
+                max,
+                warm,
+                can_start,
+            }) => {
+                if let Some(index) = router.settings.resolve_own(&model) {
+                    router.set_capacity(
+                        index,
+                        Capacity {
+                            drained,
+                            max,
+                            warm,
+                            can_start,
+                        },
+                    );
+                }
+                continue;
+            }
+            _ => continue,
         };
         if !models.contains(model.as_str()) {
             unknown.warn(format!(

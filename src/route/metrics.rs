@@ -43,6 +43,15 @@ struct ModelLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnswerLabel {
+    /// The agent check's answer: ready, drain, maint or down.
+    answer: String,
+}
+
+/// The agent's answers, in the order of `agent_answers`.
+const ANSWERS: [&str; 4] = ["ready", "drain", "maint", "down"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReplicaLabels {
     model: String,
     replica: String,
@@ -66,6 +75,8 @@ pub struct Metrics {
     queue_wait: Histograms,
     first_byte: Histograms,
     upstream: Histograms,
+    /// `agent_checks_total` by answer, made at start (four series, one increment a check).
+    agent_answers: [Counter; 4],
     /// Per model (and one more for requests that named none), the series each request records,
     /// found once: a family's lookup hashes a label set of fresh strings and takes a lock, several
     /// times a request. A series still appears only once something was recorded in it.
@@ -131,7 +142,19 @@ impl Metrics {
             "Time from sending a request to a replica to the end of its answer",
             upstream.clone(),
         );
+        let agent = Family::<AnswerLabel, Counter>::default();
+        registry.register(
+            "agent_checks",
+            "HAProxy agent checks answered, by answer (ready, drain, maint, down)",
+            agent.clone(),
+        );
+        let agent_answers = ANSWERS.map(|a| {
+            agent
+                .get_or_create(&AnswerLabel { answer: a.into() })
+                .clone()
+        });
         Metrics {
+            agent_answers,
             registry,
             series: (0..=models.len()).map(|_| Series::new()).collect(),
             models: models.iter().map(|m| m.name.clone()).collect(),
@@ -170,6 +193,13 @@ impl Metrics {
         self.series(model).requests[usize::from(status - STATUSES.start)]
             .get_or_init(|| self.requests.get_or_create(&labels()).clone())
             .inc();
+    }
+
+    /// An agent check answered (`answer`: one of ready, drain, maint, down).
+    pub fn agent_check(&self, answer: &str) {
+        if let Some(i) = ANSWERS.iter().position(|a| *a == answer) {
+            self.agent_answers[i].inc();
+        }
     }
 
     pub fn retry(&self, model: usize) {
@@ -212,13 +242,20 @@ impl Metrics {
     }
 
     /// The whole exposition: recorded series, then the queue's gauges now, then `# EOF`.
-    pub fn render(&self, states: Vec<ModelState>, daemon_connected: bool) -> String {
+    /// `drain`: per model as `states`, 0 serving, 1 answering balancers `drain`, 2 drained.
+    pub fn render(
+        &self,
+        states: Vec<ModelState>,
+        daemon_connected: bool,
+        drain: Vec<u8>,
+    ) -> String {
         openmetrics::render(
             &self.registry,
             PREFIX,
             Box::new(Gauges {
                 states,
                 daemon_connected,
+                drain,
             }),
         )
     }
@@ -228,6 +265,7 @@ impl Metrics {
 struct Gauges {
     states: Vec<ModelState>,
     daemon_connected: bool,
+    drain: Vec<u8>,
 }
 
 impl Collector for Gauges {
@@ -298,6 +336,24 @@ impl Collector for Gauges {
                 })
                 .collect(),
         )?;
+        family(
+            &mut encoder,
+            "draining",
+            "0 serving; 1 answering the balancers' agent checks drain, still serving; 2 drained, \
+             refusing (503) what still comes",
+            self.states
+                .iter()
+                .zip(&self.drain)
+                .map(|(s, d)| {
+                    (
+                        ModelLabel {
+                            model: s.name.clone(),
+                        },
+                        ConstGauge::new(i64::from(*d)),
+                    )
+                })
+                .collect(),
+        )?;
         let up = ConstGauge::new(i64::from(self.daemon_connected));
         let metric = encoder.encode_descriptor(
             "daemon_connected",
@@ -326,7 +382,7 @@ mod tests {
             ],
         );
         let m = Metrics::new(&settings.models);
-        let text = m.render(Vec::new(), false);
+        let text = m.render(Vec::new(), false, Vec::new());
         assert!(!text.contains("hearth_route_requests_total{"), "{text}");
         assert!(!text.contains("hearth_route_queue_wait_seconds_count{"));
         for _ in 0..3 {
@@ -341,7 +397,7 @@ mod tests {
         m.queue_wait(0, 0.002);
         m.first_byte(1, 0.01);
         m.upstream(0, 0.5);
-        let text = m.render(Vec::new(), false);
+        let text = m.render(Vec::new(), false, Vec::new());
         for line in [
             r#"hearth_route_requests_total{model="a",status="200"} 3"#,
             r#"hearth_route_requests_total{model="b",status="429"} 1"#,

@@ -14,14 +14,19 @@
 //! - `proxy`, `upstream`, `pool`, `relay`: a request's way to a replica (on a pooled connection)
 //!   and its answer's way back.
 //! - `link`: the daemon's watch and the reports.
+//! - `agent`, `fleet`, `agent_listen`: HAProxy's agent checks (the answer, pure; what the
+//!   answers and the drains are made of, pure; the listener), docs/fleet.md.
 //! - `metrics`: `hearth_route_*`.
 //! - `cmd`: the process.
 
+pub mod agent;
+pub mod agent_listen;
 pub mod api;
 pub mod body;
 pub mod cmd;
 pub mod conns;
 pub mod errors;
+pub mod fleet;
 pub mod link;
 pub mod metrics;
 pub mod model_field;

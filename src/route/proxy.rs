@@ -120,6 +120,11 @@ pub async fn forward(
         router.metrics.request(Some(model), resp.status().as_u16());
         resp
     };
+    if router.refusing(model) {
+        let resp = errors::drained(&m.name);
+        router.metrics.request(Some(model), resp.status().as_u16());
+        return resp;
+    }
     // Counts the request as 499 if its client leaves (this future is dropped) before an answer
     // was made; every answer made here is counted with its status instead.
     let mut left = ClientLeft(Some((router.clone(), model)));

@@ -86,6 +86,8 @@ struct ModelQueue<T> {
     turn: usize,
     /// The last report showed the oldest wait over the target.
     reported_over: bool,
+    /// When the latest request arrived: a drain is over only after a quiet spell.
+    last_arrival: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +149,7 @@ impl<T> Queues<T> {
                     completed: 0,
                     turn: 0,
                     reported_over: false,
+                    last_arrival: None,
                 })
                 .collect(),
             next_seq: 0,
@@ -164,6 +167,7 @@ impl<T> Queues<T> {
     /// Full.
     pub fn admit(&mut self, model: usize, now: Instant, ticket: impl FnOnce() -> T) -> Admit {
         let m = &mut self.models[model];
+        m.last_arrival = Some(now);
         if m.retries.is_empty() && m.waiting.is_empty() {
             if let Some(g) = m.take_slot(model, None, now) {
                 m.arrived += 1;
@@ -378,6 +382,29 @@ impl<T> Queues<T> {
             .filter(|m| !m.reported_over)
             .filter_map(|m| m.oldest_since().map(|t| t + m.target_wait))
             .min()
+    }
+
+    /// The model's load as an agent check weighs it.
+    pub fn load(&self, model: usize, now: Instant) -> crate::route::agent::Load {
+        let m = &self.models[model];
+        let mut load = crate::route::agent::Load {
+            slots: m.slots,
+            queued: u32::try_from(m.waiting.len() + m.retries.len()).unwrap_or(u32::MAX),
+            max_queue: u32::try_from(m.max_queue).unwrap_or(u32::MAX),
+            ..Default::default()
+        };
+        for r in m.replicas.iter().filter(|r| r.routed) {
+            load.routed += 1;
+            if r.ejected_until.is_none_or(|t| now >= t) {
+                load.free += m.slots.saturating_sub(r.in_flight);
+            }
+        }
+        load
+    }
+
+    /// When the model's latest request arrived.
+    pub fn last_arrival(&self, model: usize) -> Option<Instant> {
+        self.models[model].last_arrival
     }
 
     pub fn take_urgent(&mut self) -> bool {

@@ -7,6 +7,7 @@ fn model(name: &str, slots: u32, max_queue: usize) -> ModelRoute {
         slots,
         max_queue,
         target_wait: Duration::from_millis(500),
+        stale_after: Duration::from_secs(5),
         paths: PathRules::default_inference(),
     }
 }

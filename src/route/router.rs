@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
+use super::agent::{self, Answer, Capacity};
+use super::fleet::{Fleet, Target};
 use super::metrics::Metrics;
 use super::queue::{Admit, Delivery, Grant, ModelState, Queues};
 use super::settings::RouteSettings;
@@ -33,6 +35,12 @@ pub struct Router {
     /// Its name in reports (`router`), by which the daemon tells a front door's reports from
     /// the replicas' own: where it listens.
     pub name: String,
+    /// The daemon's capacity events, the balancers polling the agent, the drains (fleet.rs).
+    fleet: Mutex<Fleet>,
+    /// Per model: its drain is over, requests are refused (read by every request).
+    refusing: Box<[AtomicBool]>,
+    /// A stop's drain is over: the listener may close.
+    stop_drained: AtomicBool,
 }
 
 /// Why a request got no replica.
@@ -63,8 +71,22 @@ impl Router {
         let client_bodies = super::body::ClientBodies::new(settings.max_buffered_per_client);
         let metrics = Metrics::new(&settings.models);
         let name = format!("hearth route {}", settings.listen);
+        let fleet = Mutex::new(Fleet::new(
+            settings.models.len(),
+            settings.drain_timeout,
+            settings.drain_grace,
+            Instant::now(),
+        ));
+        let refusing = settings
+            .models
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect();
         Router {
             name,
+            fleet,
+            refusing,
+            stop_drained: AtomicBool::new(false),
             settings,
             queues,
             metrics,
@@ -179,9 +201,12 @@ impl Router {
         self.with_queues(|q| q.set_slots(model, slots, Instant::now()));
     }
 
-    /// Periodic: ejections that ran out free their replicas' slots for waiting requests.
+    /// Periodic: ejections that ran out free their replicas' slots for waiting requests;
+    /// drains that are over start refusing.
     pub fn tick(&self) {
-        self.with_queues(|q| q.tick(Instant::now()));
+        let now = Instant::now();
+        self.with_queues(|q| q.tick(now));
+        self.drains_tick(now);
     }
 
     /// Reports due now (and the queue's bookkeeping of what they showed).
@@ -315,9 +340,134 @@ impl Drop for Waiting {
 impl Router {
     pub fn set_daemon_connected(&self, up: bool) {
         self.daemon_connected.store(up, Ordering::Relaxed);
+        self.fleet().set_daemon(up, Instant::now());
     }
 
     pub fn is_daemon_connected(&self) -> bool {
         self.daemon_connected.load(Ordering::Relaxed)
+    }
+}
+
+/// The fleet's side: the daemon's capacity events, agent checks, drains (docs/fleet.md).
+impl Router {
+    fn fleet(&self) -> MutexGuard<'_, Fleet> {
+        self.fleet.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_capacity(&self, model: usize, c: Capacity) {
+        self.fleet().set_capacity(model, c, Instant::now());
+    }
+
+    /// Whether requests for the model are refused now (its drain is over).
+    pub fn refusing(&self, model: usize) -> bool {
+        self.refusing
+            .get(model)
+            .is_some_and(|r| r.load(Ordering::Relaxed))
+    }
+
+    /// SIGTERM with an agent listening: every model drains before the listener closes.
+    pub fn begin_stop(&self) {
+        self.fleet().begin_stop(Instant::now());
+    }
+
+    pub fn stop_drained(&self) -> bool {
+        self.stop_drained.load(Ordering::Relaxed)
+    }
+
+    /// Per model: 0 serving, 1 answering `drain` (still serving), 2 drained (refusing).
+    pub fn drain_phases(&self) -> Vec<u8> {
+        let f = self.fleet();
+        (0..self.settings.models.len())
+            .map(|i| u8::from(f.draining(i)) + u8::from(self.refusing(i)))
+            .collect()
+    }
+
+    /// Periodic: drains that are over start refusing; a stop whose every model's drain is over
+    /// lets the listener close.
+    fn drains_tick(&self, now: Instant) {
+        let arrivals: Vec<Option<Instant>> = {
+            let q = self.lock();
+            (0..self.settings.models.len())
+                .map(|i| q.last_arrival(i))
+                .collect()
+        };
+        let (done, stopping, seen): (Vec<bool>, bool, usize) = {
+            let f = self.fleet();
+            let done = arrivals
+                .iter()
+                .enumerate()
+                .map(|(i, a)| f.drain_done(i, *a, now))
+                .collect();
+            (done, f.stopping(), f.balancers_seen(now))
+        };
+        for (i, d) in done.iter().enumerate() {
+            let was = self.refusing[i].swap(*d, Ordering::Relaxed);
+            if was != *d && !stopping {
+                let name = &self.settings.models[i].name;
+                if *d {
+                    tracing::info!(model = %name, "drained: {seen} balancer(s) polling were told, then no request for {:?}; refusing (503) what still comes", self.settings.drain_grace);
+                } else {
+                    tracing::info!(model = %name, "undrained: serving again");
+                }
+            }
+        }
+        if stopping && !done.is_empty() && done.iter().all(|d| *d) && !self.stop_drained() {
+            tracing::info!("drained for the stop: {seen} balancer(s) polling were told");
+            self.stop_drained.store(true, Ordering::Relaxed);
+        }
+        if stopping && done.is_empty() {
+            self.stop_drained.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The answer to an agent check from `ip` that sent `asked` (a model's name or alias; empty
+    /// for the host as a whole), recorded as that balancer's.
+    pub fn agent_answer(&self, ip: std::net::IpAddr, asked: &str) -> Answer {
+        let now = Instant::now();
+        let target = if asked.is_empty() {
+            Target::Host
+        } else {
+            match self.settings.resolve(asked) {
+                Some(i) => Target::Model(i),
+                None => Target::Unknown,
+            }
+        };
+        let loads: Vec<agent::Load> = {
+            let q = self.lock();
+            match target {
+                Target::Host => (0..self.settings.models.len())
+                    .map(|i| q.load(i, now))
+                    .collect(),
+                Target::Model(i) => vec![q.load(i, now)],
+                Target::Unknown => Vec::new(),
+            }
+        };
+        let balancers = self.settings.balancers;
+        let mut f = self.fleet();
+        let gone = f.daemon_gone_for(now);
+        let input = |i: usize, load: agent::Load| agent::ModelInput {
+            load,
+            capacity: f.capacity(i),
+            draining: f.draining(i),
+            daemon_gone_for: gone,
+            stale_after: self.settings.models[i].stale_after,
+        };
+        let answer = match target {
+            Target::Host => {
+                let inputs: Vec<agent::ModelInput> = loads
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, l)| input(i, l))
+                    .collect();
+                agent::host_answer(&inputs, balancers)
+            }
+            Target::Model(i) => {
+                let load = loads.first().copied().unwrap_or_default();
+                agent::model_answer(&self.settings.models[i].name, &input(i, load), balancers)
+            }
+            Target::Unknown => agent::unknown_answer(asked),
+        };
+        f.polled(ip, target, &answer, now);
+        answer
     }
 }

@@ -336,6 +336,8 @@ pub struct DaemonBuilder {
     dir: tempfile::TempDir,
     config: Config,
     ports: Option<u16>,
+    /// `[route] listen` given by the test (a fleet's host on an address of its own).
+    route_listen: Option<SocketAddr>,
     env: Vec<(String, String)>,
     wrapper: Vec<String>,
     watchdog_pid: bool,
@@ -427,6 +429,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// `[route] listen` at `addr` (a port the test holds) instead of 127.0.0.1 and a port of
+    /// the daemon's own: a fleet's hosts on 127.0.0.2, .3, ….
+    pub fn route_listen(mut self, addr: SocketAddr) -> Self {
+        self.route_listen = Some(addr);
+        self
+    }
+
     /// A variable in the daemon's environment.
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.into(), value.into()));
@@ -468,7 +477,8 @@ impl DaemonBuilder {
             u16::try_from(max + 4).expect("a port range that fits")
         });
         let block = crate::ports::ports(n);
-        let route_port = self.config.route.is_some().then(|| crate::ports::ports(1));
+        let route_port = (self.config.route.is_some() && self.route_listen.is_none())
+            .then(|| crate::ports::ports(1));
         let dir = self.dir;
         let reaper = Reaper::new(&dir.path().display().to_string())
             .with_cgroups_of(&dir.path().join("state"));
@@ -478,7 +488,8 @@ impl DaemonBuilder {
             ports: block.range(),
             route_addr: route_port
                 .as_ref()
-                .map(|b| SocketAddr::from(([127, 0, 0, 1], b.first))),
+                .map(|b| SocketAddr::from(([127, 0, 0, 1], b.first)))
+                .or(self.route_listen.filter(|_| self.config.route.is_some())),
             config: self.config,
             _ports: block,
             _route_port: route_port,
@@ -670,6 +681,7 @@ impl Daemon {
             dir: temp_dir(),
             config: Config::default(),
             ports: None,
+            route_listen: None,
             env: Vec::new(),
             wrapper: Vec::new(),
             watchdog_pid: false,

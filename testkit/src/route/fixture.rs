@@ -141,6 +141,11 @@ impl Router {
         router
     }
 
+    /// The front door's pid, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     pub fn signal(&self, sig: Signal) {
         if let Some(c) = &self.child {
             signal(c.id() as i32, sig);

@@ -9,6 +9,7 @@
 //! `use testkit::route::*;` brings what those tests use of the crate along.
 
 mod fixture;
+pub mod fleet;
 mod http;
 
 pub use crate::procs::signal;

@@ -74,6 +74,14 @@ pub struct RouteConfig {
     /// None: the CPUs, at most `route::settings::DEFAULT_MAX_THREADS`.
     pub threads: Option<usize>,
     pub shutdown_grace: Duration,
+    /// Where HAProxy's agent checks are answered (docs/fleet.md); None: nowhere.
+    pub agent_listen: Option<SocketAddr>,
+    /// Balancers that each apply the agent's `maxconn` on their own.
+    pub balancers: u32,
+    /// Longest a drain (SIGTERM, or a model drained) waits for the balancers before refusing.
+    pub drain_timeout: Duration,
+    /// How long a drain waits with no new request, once every balancer was told.
+    pub drain_grace: Duration,
     /// Bearer tokens; empty: no authentication.
     pub api_keys: Vec<String>,
     /// Another name → a configured model.

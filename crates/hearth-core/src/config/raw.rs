@@ -43,6 +43,10 @@ pub(super) struct RawRoute {
     pub max_connections: Opt<i64>,
     pub threads: Opt<i64>,
     pub shutdown_grace: Opt<String>,
+    pub agent_listen: Opt<String>,
+    pub balancers: Opt<i64>,
+    pub drain_timeout: Opt<String>,
+    pub drain_grace: Opt<String>,
     pub api_keys: Opt<Vec<Spanned<String>>>,
     pub aliases: Opt<BTreeMap<Spanned<String>, Spanned<String>>>,
     /// `[route.model.NAME]`: per-model overrides.

@@ -148,7 +148,8 @@ fn a_replica_found_draining_goes_on_draining_and_is_never_stopped_with_work_in_f
     old.request(
         Peer::trusted(),
         crate::protocol::Request::Drain {
-            replica: "b-1".into(),
+            replica: Some("b-1".into()),
+            model: None,
             force: true,
         },
     );

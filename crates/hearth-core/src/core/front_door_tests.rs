@@ -131,7 +131,8 @@ fn a_drain_ends_when_the_front_door_says_idle_not_when_the_replica_does() {
     let out = h.request(
         Peer::trusted(),
         Request::Drain {
-            replica: r.0.clone(),
+            replica: Some(r.0.clone()),
+            model: None,
             force: true,
         },
     );
@@ -361,7 +362,8 @@ fn a_drain_ends_when_every_front_door_has_its_requests_back() {
     let out = h.request(
         Peer::trusted(),
         Request::Drain {
-            replica: r.0.clone(),
+            replica: Some(r.0.clone()),
+            model: None,
             force: true,
         },
     );

@@ -28,7 +28,8 @@ fn drain(h: &mut Harness, r: &ReplicaId, force: bool) -> serde_json::Value {
     h.request(
         Peer::trusted(),
         Request::Drain {
-            replica: r.0.clone(),
+            replica: Some(r.0.clone()),
+            model: None,
             force,
         },
     )
@@ -140,7 +141,8 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
     assert!(ok(Overrides {
         min: Some(2),
         max: Some(99),
-        warm_pool: None
+        warm_pool: None,
+        ..Default::default()
     })
     .is_ok());
     for bad in [
@@ -148,26 +150,31 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
             min: None,
             max: Some(u32::MAX),
             warm_pool: None,
+            ..Default::default()
         },
         Overrides {
             min: Some(u32::MAX),
             max: None,
             warm_pool: None,
+            ..Default::default()
         },
         Overrides {
             min: Some(5),
             max: Some(4),
             warm_pool: None,
+            ..Default::default()
         },
         Overrides {
             min: None,
             max: Some(0),
             warm_pool: None,
+            ..Default::default()
         },
         Overrides {
             min: None,
             max: Some(100),
             warm_pool: None,
+            ..Default::default()
         },
     ] {
         let e = ok(bad.clone()).unwrap_err();
@@ -183,6 +190,7 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
             min: None,
             max: Some(u32::MAX),
             warm_pool: None,
+            ..Default::default()
         },
     )]);
     assert!(check_overrides(&config, &stray).is_ok());
@@ -191,6 +199,7 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
         min: Some(100_000),
         max: Some(u32::MAX),
         warm_pool: None,
+        ..Default::default()
     });
     let devices = GpuDevice::declared(&config.gpus);
     let mut node = Node::new(config, devices, hostile, Time::ZERO);
@@ -448,7 +457,8 @@ fn answers_quote_little_of_what_they_were_sent() {
         h.request(
             Peer::trusted(),
             Request::Drain {
-                replica: long.clone(),
+                replica: Some(long.clone()),
+                model: None,
                 force: false,
             },
         ),

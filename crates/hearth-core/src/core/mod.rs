@@ -21,6 +21,7 @@ mod adopt_tests;
 mod autoscaler_tests;
 mod capacity;
 mod event;
+mod fleet;
 mod front_door;
 #[cfg(test)]
 mod front_door_tests;

@@ -28,11 +28,15 @@ pub struct Overrides {
     pub max: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<crate::protocol::WarmPoolSetting>,
+    /// `hearth drain --model`: kept with the scale overrides so that a restart or an upgrade
+    /// of the daemon does not put the model back in the balancers' rotation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
 }
 
 impl Overrides {
     pub fn is_empty(&self) -> bool {
-        self.min.is_none() && self.max.is_none() && self.warm_pool.is_none()
+        self.min.is_none() && self.max.is_none() && self.warm_pool.is_none() && !self.drained
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Node {
     pub(super) reloads: Reloads,
     /// The routed set last published per model, to publish only changes.
     published: BTreeMap<String, RoutedSet>,
+    /// Each model's `capacity` event last published (fleet.rs).
+    pub(super) capacity_published: BTreeMap<String, super::fleet::Capacity>,
     pub(super) version: String,
     /// Events handled so far: tells what happened in this event from what happened before.
     pub(super) events: u64,
@@ -84,6 +86,7 @@ impl Node {
             shutdown_reported: false,
             reloads: Reloads::default(),
             published: BTreeMap::new(),
+            capacity_published: BTreeMap::new(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             events: 0,
             started: now,
@@ -139,6 +142,7 @@ impl Node {
         }
         self.reconcile(now, &mut out);
         self.publish_routed(&mut out);
+        self.publish_capacity(&mut out);
         out
     }
 

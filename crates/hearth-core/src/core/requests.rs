@@ -120,13 +120,31 @@ impl Node {
                         model: name.clone(),
                         endpoints: self.routed_endpoints(name),
                     })
+                    .chain(
+                        self.models
+                            .keys()
+                            .filter(|name| model.as_deref().is_none_or(|m| m == name.as_str()))
+                            .filter_map(|name| self.capacity_event(name)),
+                    )
                     .collect();
                 Ok(Response::Watching { snapshot })
             }
             Request::Report(report) => self.report(peer, report, now, out),
-            Request::Drain { replica, force } => {
-                self.drain_request(&replica, force, now, out).map(|_| DONE)
-            }
+            Request::Drain {
+                replica,
+                model,
+                force,
+            } => match (replica, model) {
+                (Some(replica), None) => {
+                    self.drain_request(&replica, force, now, out).map(|_| DONE)
+                }
+                (None, Some(model)) => self.set_drained(&model, true, out).map(|_| DONE),
+                _ => Err(Failure::new(
+                    ErrorCode::BadRequest,
+                    "drain takes either \"replica\" or \"model\"",
+                )),
+            },
+            Request::Undrain { model } => self.set_drained(&model, false, out).map(|_| DONE),
             Request::Scale {
                 model,
                 min,
@@ -173,7 +191,7 @@ impl Node {
         }
     }
 
-    fn model_mut(&mut self, name: &str) -> Result<&mut ModelState, Failure> {
+    pub(super) fn model_mut(&mut self, name: &str) -> Result<&mut ModelState, Failure> {
         self.models.get_mut(name).ok_or_else(|| no_model(name))
     }
 
@@ -410,7 +428,11 @@ impl Node {
     ) -> Result<(), Failure> {
         let m = self.model_mut(model)?;
         let mut o = if ask.reset {
-            Overrides::default()
+            // A drain of the model is not a scale override: `undrain` ends it.
+            Overrides {
+                drained: m.overrides.drained,
+                ..Overrides::default()
+            }
         } else {
             m.overrides.clone()
         };

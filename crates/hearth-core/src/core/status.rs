@@ -134,6 +134,7 @@ impl Node {
             }),
             time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
             restarts_total: m.total_restarts,
+            drained: m.overrides.drained,
             replicas: replicas
                 .iter()
                 .map(|r| ReplicaView {

@@ -287,7 +287,8 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
     let out = h.request(
         Peer::trusted(),
         Request::Drain {
-            replica: r.0.clone(),
+            replica: Some(r.0.clone()),
+            model: None,
             // At min: only forced does it drain before a replacement is routed.
             force: true,
         },
@@ -337,7 +338,8 @@ fn drain_gives_up_after_drain_timeout_and_stop_escalates_to_sigkill() {
     h.request(
         Peer::trusted(),
         Request::Drain {
-            replica: r.0.clone(),
+            replica: Some(r.0.clone()),
+            model: None,
             force: true,
         },
     );
@@ -458,7 +460,8 @@ fn no_two_live_replicas_share_a_port() {
         h.request(
             Peer::trusted(),
             Request::Drain {
-                replica: r.0.clone(),
+                replica: Some(r.0.clone()),
+                model: None,
                 force: true,
             },
         );
@@ -535,7 +538,8 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         h.request(
             reader.clone(),
             Request::Drain {
-                replica: r.0.clone(),
+                replica: Some(r.0.clone()),
+                model: None,
                 force: false,
             }
         )["error"],

@@ -105,11 +105,20 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "is_false")]
         reset: bool,
     },
+    /// A replica (`replica`), or a whole model off this host's balancers (`model`: front doors
+    /// answer `drain` for it, replicas keep running); exactly one of the two.
     Drain {
-        replica: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replica: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
         /// Drain even when routed would drop below `min` with no replacement possible.
         #[serde(default, skip_serializing_if = "is_false")]
         force: bool,
+    },
+    /// Ends `drain` of a model: front doors answer balancers `ready` for it again.
+    Undrain {
+        model: String,
     },
     Cordon {
         gpu: String,
@@ -144,6 +153,7 @@ pub enum Op {
     Gpus,
     Scale,
     Drain,
+    Undrain,
     Cordon,
     Uncordon,
     Reload,
@@ -163,9 +173,13 @@ impl Op {
         match self {
             Op::Version | Op::Status | Op::Watch | Op::Gpus => Role::Reader,
             Op::Report => Role::Reporter,
-            Op::Scale | Op::Drain | Op::Cordon | Op::Uncordon | Op::Reload | Op::Upgrade => {
-                Role::Admin
-            }
+            Op::Scale
+            | Op::Drain
+            | Op::Undrain
+            | Op::Cordon
+            | Op::Uncordon
+            | Op::Reload
+            | Op::Upgrade => Role::Admin,
         }
     }
 }
@@ -471,6 +485,7 @@ impl Request {
             Request::Gpus {} => Op::Gpus,
             Request::Scale { .. } => Op::Scale,
             Request::Drain { .. } => Op::Drain,
+            Request::Undrain { .. } => Op::Undrain,
             Request::Cordon { .. } => Op::Cordon,
             Request::Uncordon { .. } => Op::Uncordon,
             Request::Reload {} => Op::Reload,

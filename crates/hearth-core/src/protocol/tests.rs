@@ -36,9 +36,9 @@ fn parses_known_ops_and_rejects_the_rest() {
         ErrorCode::BadRequest
     );
     assert_eq!(
-        parse_request(r#"{"op":"drain"}"#).unwrap_err().code,
+        parse_request(r#"{"op":"undrain"}"#).unwrap_err().code,
         ErrorCode::BadRequest,
-        "drain without replica"
+        "undrain without model"
     );
     assert_eq!(
         parse_request(r#"{"op":"report","model":"m","wait_ms":3}"#)
@@ -120,6 +120,8 @@ fn every_request_s_op_is_a_known_op_with_its_role() {
             Role::Admin,
         ),
         (r#"{"op":"drain","replica":"m-1"}"#, Op::Drain, Role::Admin),
+        (r#"{"op":"drain","model":"m"}"#, Op::Drain, Role::Admin),
+        (r#"{"op":"undrain","model":"m"}"#, Op::Undrain, Role::Admin),
         (
             r#"{"op":"cordon","gpu":"0","evacuate":false}"#,
             Op::Cordon,
@@ -208,7 +210,7 @@ fn answers_are_design_s_lines_and_read_back() {
 
 #[test]
 fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
-    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[]}}"#;
+    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"drained":false,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[]}}"#;
     let answer = decode_answer(line).unwrap();
     let Ok(Response::Status { status }) = &answer else {
         panic!("{answer:?}");

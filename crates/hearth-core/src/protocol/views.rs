@@ -125,6 +125,10 @@ pub struct ModelView {
     /// each replaced after its back-off; `hearth_replica_restarts_total` in the metrics.
     #[serde(default)]
     pub restarts_total: u64,
+    /// An operator drained the model off this host (`hearth drain --model`): front doors
+    /// answer balancers `drain` for it; its replicas keep running.
+    #[serde(default)]
+    pub drained: bool,
     pub replicas: Vec<ReplicaView>,
 }
 
@@ -282,6 +286,17 @@ pub enum WatchEvent {
         healthy: bool,
         cordoned: bool,
     },
+    /// What a front door tells balancers beyond the routed set (docs/fleet.md): whether an
+    /// operator drained the model (`hearth drain --model`), and the capacity it can add in
+    /// milliseconds (warm replicas to promote) or at all (`can_start`: room under `max` and
+    /// nothing that stops a start). Sent in the snapshot and on every change.
+    Capacity {
+        model: String,
+        drained: bool,
+        max: u32,
+        warm: u32,
+        can_start: bool,
+    },
 }
 
 impl WatchEvent {
@@ -290,7 +305,8 @@ impl WatchEvent {
         match self {
             WatchEvent::Routed { model, .. }
             | WatchEvent::Replica { model, .. }
-            | WatchEvent::Scale { model, .. } => Some(model),
+            | WatchEvent::Scale { model, .. }
+            | WatchEvent::Capacity { model, .. } => Some(model),
             WatchEvent::Gpu { .. } => None,
         }
     }

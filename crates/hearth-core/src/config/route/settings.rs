@@ -39,6 +39,20 @@ pub const MAX_THREADS: usize = 256;
 /// How long a SIGTERM lets requests in progress finish.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+/// `scaling.stale_after`'s default, for settings made without a file.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(5);
+/// Balancers in front of the fleet, each applying the agent's `maxconn` on its own.
+pub const DEFAULT_BALANCERS: u32 = 1;
+pub const MAX_BALANCERS: u32 = 1024;
+/// Longest a drain waits for the balancers to be told and to stop sending; a balancer seen
+/// once that never polls again holds it no longer than this.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// No new request for this long, once every balancer was answered `drain`: the drain is done.
+/// Covers a request a balancer sent just before it read the answer.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// Bound on both, so that a stop is never held for a typo's hours.
+pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
+
 /// Upper bounds on configured numbers, so that nothing is sized by a typo.
 pub const MAX_SLOTS: u32 = 65_536;
 pub const MAX_QUEUE_LIMIT: usize = 1_000_000;
@@ -61,6 +75,11 @@ pub struct RouteSettings {
     pub trusted_proxies: TrustedProxies,
     pub max_connections: usize,
     pub shutdown_grace: Duration,
+    /// HAProxy agent checks (docs/fleet.md); None: not answered.
+    pub agent_listen: Option<SocketAddr>,
+    pub balancers: u32,
+    pub drain_timeout: Duration,
+    pub drain_grace: Duration,
     /// Threads serving client connections (each a single-threaded runtime of its own).
     pub threads: usize,
     /// Bearer tokens; empty: no authentication.
@@ -79,6 +98,8 @@ pub struct ModelRoute {
     pub max_queue: usize,
     /// `scaling.target_wait`: a report goes out the moment the oldest wait crosses it.
     pub target_wait: Duration,
+    /// `scaling.stale_after`: a view of the daemon older than this is answered `maint`.
+    pub stale_after: Duration,
     /// What `/m/{model}/…` passes.
     pub paths: PathRules,
 }
@@ -104,6 +125,10 @@ impl RouteSettings {
             trusted_proxies: TrustedProxies::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            agent_listen: None,
+            balancers: DEFAULT_BALANCERS,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            drain_grace: DEFAULT_DRAIN_GRACE,
             threads: std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
                 .min(DEFAULT_MAX_THREADS),
@@ -116,6 +141,7 @@ impl RouteSettings {
                     slots: DEFAULT_SLOTS,
                     max_queue: DEFAULT_MAX_QUEUE,
                     target_wait,
+                    stale_after: DEFAULT_STALE_AFTER,
                     paths: PathRules::default_inference(),
                 })
                 .collect(),
@@ -141,6 +167,10 @@ impl RouteSettings {
         s.trusted_proxies = r.trusted_proxies.clone();
         s.max_connections = r.max_connections;
         s.shutdown_grace = r.shutdown_grace;
+        s.agent_listen = r.agent_listen;
+        s.balancers = r.balancers;
+        s.drain_timeout = r.drain_timeout;
+        s.drain_grace = r.drain_grace;
         if let Some(t) = r.threads {
             s.threads = t;
         }
@@ -148,6 +178,7 @@ impl RouteSettings {
         s.aliases = r.aliases.clone();
         for (m, cfg) in s.models.iter_mut().zip(&config.models) {
             m.slots = cfg.slots;
+            m.stale_after = cfg.scaling.stale_after;
             let own = r.models.get(&m.name);
             m.max_queue = own.and_then(|o| o.max_queue).unwrap_or(r.max_queue);
             if let Some(p) = own.and_then(|o| o.paths.clone()) {
@@ -155,6 +186,11 @@ impl RouteSettings {
             }
         }
         s
+    }
+
+    /// A configured model by its own name (as the daemon names it), not an alias.
+    pub fn resolve_own(&self, name: &str) -> Option<usize> {
+        self.models.iter().position(|m| m.name == name)
     }
 
     /// The configured model a client's name means: a model's own name or an alias.

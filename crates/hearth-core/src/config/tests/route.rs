@@ -40,6 +40,30 @@ fn route_keys_apply_and_defaults_stay_elsewhere() {
 }
 
 #[test]
+fn fleet_keys_apply_and_are_off_by_default() {
+    let c = parse(&two_models()).unwrap();
+    let s = crate::route::settings::RouteSettings::from_config(&c);
+    assert_eq!(s.agent_listen, None);
+    assert_eq!(s.balancers, 1);
+    assert_eq!(s.drain_timeout, Duration::from_secs(30));
+    assert_eq!(s.drain_grace, Duration::from_secs(2));
+    assert_eq!(s.models[0].stale_after, c.models[0].scaling.stale_after);
+    let text = format!(
+        "{}[route]\nagent_listen = \"10.0.0.5:9400\"\nbalancers = 3\n\
+         drain_timeout = \"1m\"\ndrain_grace = \"500ms\"\n",
+        two_models()
+    );
+    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    assert_eq!(
+        s.agent_listen.map(|a| a.to_string()).as_deref(),
+        Some("10.0.0.5:9400")
+    );
+    assert_eq!(s.balancers, 3);
+    assert_eq!(s.drain_timeout, Duration::from_secs(60));
+    assert_eq!(s.drain_grace, Duration::from_millis(500));
+}
+
+#[test]
 fn a_file_without_route_runs_a_front_door_on_loopback() {
     let c = parse(&two_models()).unwrap();
     let s = crate::config::route::settings::RouteSettings::from_config(&c);
@@ -98,6 +122,28 @@ fn route_errors_name_line_and_key() {
             "route.max_buffered",
         ),
         ("[route]\nlisten_on = 1\n".into(), 1, "route.listen_on"),
+        (
+            "[route]\nagent_listen = \"9400\"\n".into(),
+            1,
+            "route.agent_listen",
+        ),
+        (
+            "[route]\nlisten = \"127.0.0.1:9400\"\nagent_listen = \"127.0.0.1:9400\"\n".into(),
+            2,
+            "route.agent_listen",
+        ),
+        ("[route]\nbalancers = 0\n".into(), 1, "route.balancers"),
+        ("[route]\nbalancers = 2000\n".into(), 1, "route.balancers"),
+        (
+            "[route]\ndrain_timeout = \"2h\"\n".into(),
+            1,
+            "route.drain_timeout",
+        ),
+        (
+            "[route]\ndrain_grace = \"soon\"\n".into(),
+            1,
+            "route.drain_grace",
+        ),
         (
             "[route]\ntrusted_proxies = [\"10.0.0.1\",\n  \"10.1.2.3/16\"]\n".into(),
             2,

@@ -8,14 +8,16 @@ use toml::Spanned;
 
 use super::{at, Cx, Res};
 use crate::config::raw::{index, join, Opt, RawRoute};
+use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
 use crate::config::route::paths::PathRules;
 use crate::config::route::proxies::{Cidr, TrustedProxies};
 use crate::config::route::settings::{
-    per_client_default, DEFAULT_LISTEN, DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT, DEFAULT_SHUTDOWN_GRACE,
-    MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_QUEUE_LIMIT, MAX_THREADS,
+    per_client_default, DEFAULT_BALANCERS, DEFAULT_DRAIN_GRACE, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_LISTEN, DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, MAX_BALANCERS,
+    MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_DRAIN, MAX_QUEUE_LIMIT,
+    MAX_THREADS,
 };
-use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
 
 /// Bearer tokens travel in a header: a valid header value, and long enough not to be guessed.
 const API_KEY_LEN: std::ops::RangeInclusive<usize> = 16..=512;
@@ -121,6 +123,50 @@ impl Cx<'_> {
             None => None,
             Some(v) => Some(self.bounded("route.threads", v, 1, MAX_THREADS as i64)? as usize),
         };
+        let agent_listen = match &raw.agent_listen {
+            None => None,
+            Some(v) => Some(v.get_ref().trim().parse().map_err(|_| {
+                self.err(
+                    "route.agent_listen",
+                    Some(v.span()),
+                    format!(
+                        "{:?} is not a socket address; expected IP:PORT on the balancers' \
+                         network, e.g. \"10.0.0.5:9400\"",
+                        v.get_ref()
+                    ),
+                )
+            })?),
+        };
+        if let Some(a) = agent_listen.filter(|a: &std::net::SocketAddr| *a == listen) {
+            return Err(self.err(
+                "route.agent_listen",
+                at(&raw.agent_listen),
+                format!("{a} is route.listen's address: the agent needs a port of its own"),
+            ));
+        }
+        let balancers = match &raw.balancers {
+            None => DEFAULT_BALANCERS,
+            Some(v) => self.bounded("route.balancers", v, 1, i64::from(MAX_BALANCERS))? as u32,
+        };
+        let drain_timeout = self.duration(
+            "route.drain_timeout",
+            &raw.drain_timeout,
+            DEFAULT_DRAIN_TIMEOUT,
+        )?;
+        let drain_grace =
+            self.duration("route.drain_grace", &raw.drain_grace, DEFAULT_DRAIN_GRACE)?;
+        for (key, raw_value, d) in [
+            ("route.drain_timeout", &raw.drain_timeout, drain_timeout),
+            ("route.drain_grace", &raw.drain_grace, drain_grace),
+        ] {
+            if d > MAX_DRAIN {
+                return Err(self.err(
+                    key,
+                    at(raw_value),
+                    format!("at most {} min", MAX_DRAIN.as_secs() / 60),
+                ));
+            }
+        }
         let api_keys = self.api_keys(raw.api_keys)?;
         let aliases = self.aliases(raw.aliases, models)?;
         let mut per_model = BTreeMap::new();
@@ -163,6 +209,10 @@ impl Cx<'_> {
             max_connections,
             threads,
             shutdown_grace,
+            agent_listen,
+            balancers,
+            drain_timeout,
+            drain_grace,
             api_keys,
             aliases,
             models: per_model,

@@ -139,7 +139,8 @@ impl World {
                 self.request(
                     who,
                     Request::Drain {
-                        replica: r.0,
+                        replica: Some(r.0),
+                        model: None,
                         force,
                     },
                 );
