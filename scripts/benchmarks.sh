@@ -5,22 +5,40 @@
 # from `hearth simulate --grid --markdown`, which takes about 25 minutes on 2 cores) and the
 # "Agent benchmarks" section (daemon measurements) are kept as they are.
 # Reads the Azure traces from HEARTH_TRACE_DIR (default: the repository's data/traces).
-#   scripts/benchmarks.sh
+#   scripts/benchmarks.sh                  (a few minutes on 2 cores)
+#   scripts/benchmarks.sh --smoke [DIR]    (seconds: every step, each run cut to 10 simulated
+#                                           minutes, written to DIR (default: a temporary one),
+#                                           BENCHMARKS.md and docs/ left alone; CI runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+smoke=
+case "${1:-}" in
+  "") ;;
+  --smoke) smoke=1 ;;
+  *) echo "usage: scripts/benchmarks.sh [--smoke [DIR]]" >&2; exit 2 ;;
+esac
 export HEARTH_TRACE_DIR="${HEARTH_TRACE_DIR:-$PWD/data/traces}"
 cargo build --release --quiet
 bin="${CARGO_TARGET_DIR:-target}/release/hearth"
 cfg=examples/simulate.toml
 out=BENCHMARKS.md
+svg=docs/azure-conv.svg
+cut=()
+if [ -n "$smoke" ]; then
+  dest=${2:-$(mktemp -d)}
+  mkdir -p "$dest/docs"
+  out=$dest/BENCHMARKS.md
+  svg=$dest/docs/azure-conv.svg
+  cut=(--duration 10m)
+fi
 agent=$(mktemp)
 # Keep the grid and agent sections (written from the grid's and the agent benchmarks' output).
-if [ -f "$out" ] && grep -q '^## The grid' "$out"; then
-  sed -n '/^## The grid/,$p' "$out" >"$agent"
-elif [ -f "$out" ] && grep -q '^## Agent benchmarks' "$out"; then
-  sed -n '/^## Agent benchmarks/,$p' "$out" >"$agent"
+if [ -f BENCHMARKS.md ] && grep -q '^## The grid' BENCHMARKS.md; then
+  sed -n '/^## The grid/,$p' BENCHMARKS.md >"$agent"
+elif [ -f BENCHMARKS.md ] && grep -q '^## Agent benchmarks' BENCHMARKS.md; then
+  sed -n '/^## Agent benchmarks/,$p' BENCHMARKS.md >"$agent"
 fi
-sim() { "$bin" simulate --config "$cfg" --model llm "$@"; }
+sim() { "$bin" simulate --config "$cfg" --model llm "$@" "${cut[@]}"; }
 verdict() {
   # One line per run: is hearth beaten on both axes by any baseline?
   python3 -c '
@@ -36,7 +54,7 @@ print("| %s | %.2f %% | %.0f | %.2f | %d | %s |" % (sys.argv[1], 100 * h["over_t
       h["killed"], "not beaten" if not beaten else "beaten by " + ", ".join(beaten)))
 ' "$1"
 }
-mkdir -p docs
+mkdir -p "$(dirname "$svg")"
 {
   cat <<'HEAD'
 # Benchmarks
@@ -107,14 +125,14 @@ MID
   echo
   echo "Share of requests over target / replica-seconds, per policy and cold start."
   echo
-  python3 - "$bin" "$cfg" <<'PY'
+  python3 - "$bin" "$cfg" "${cut[@]}" <<'PY'
 import json, subprocess, sys
-bin, cfg = sys.argv[1], sys.argv[2]
+bin, cfg, cut = sys.argv[1], sys.argv[2], sys.argv[3:]
 colds = ["10s", "30s", "60s", "120s", "240s"]
 rows = {}
 for c in colds:
     out = subprocess.run([bin, "simulate", "--config", cfg, "--model", "llm", "--scenario", "azure-conv",
-                          "--cold-start", c, "--json"], capture_output=True, text=True, check=True).stdout
+                          "--cold-start", c, "--json", *cut], capture_output=True, text=True, check=True).stdout
     for p in json.loads(out)["policies"]:
         rows.setdefault(p["policy"], []).append("%.2f %% / %.0f" % (100 * p["over_target"], p["replica_seconds"]))
 print("| policy | " + " | ".join("cold " + c for c in colds) + " |")
@@ -127,11 +145,11 @@ PY
   echo
   echo "![azure-conv: arrivals, oldest wait and replicas per policy](docs/azure-conv.svg)"
   echo
-  sim --scenario azure-conv --plot docs/azure-conv.svg >/dev/null 2>&1
+  sim --scenario azure-conv --plot "$svg" >/dev/null 2>&1
   if [ -s "$agent" ]; then
     echo
     cat "$agent"
   fi
 } >"$out"
 rm -f "$agent"
-echo "wrote $out and docs/azure-conv.svg"
+echo "wrote $out and $svg"
