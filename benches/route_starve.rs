@@ -4,8 +4,8 @@
 //! defaults (`max_connections` 4096).
 //!
 //! Legitimate load: `--clients` (default 8) clients on 127.0.0.1, each sending completions one
-//! after the other, each on a new connection. Phases of `--seconds` (default 8; 20 with
-//! `--bench`) each, in one run:
+//! after the other, each on a new connection. Phases of `--seconds` (default 20 with `--bench`;
+//! 2 without, a smoke run) each, in one run:
 //!
 //! 1. unattacked;
 //! 2. 10,000 idle connections from 127.0.0.2: TCP connects that never send a byte, each opened
@@ -144,7 +144,7 @@ async fn wait_for(stop: &AtomicBool) {
 
 fn main() {
     let full = bench_full();
-    let seconds: u64 = bench_arg("--seconds").unwrap_or(if full { 20 } else { 8 });
+    let seconds: u64 = bench_arg("--seconds").unwrap_or(if full { 20 } else { 2 });
     let clients: usize = bench_arg("--clients").unwrap_or(8);
     let idle: usize = bench_arg("--idle").unwrap_or(10_000);
     let length = Duration::from_secs(seconds);

@@ -11,8 +11,10 @@
 //! request sent but not yet started, and the true depth is how many such requests there were.
 //! Printed: one row per second, then error statistics of estimated − true.
 //!
-//! Options after `--`: `--seconds-scale X` stretches the phases (default 1.0), `--hold-ms N`
-//! the slot time per request (default 300).
+//! Options after `--`: `--seconds-scale X` stretches the phases (default 1.0; 0.25 without
+//! `--bench`, a smoke run of about 6 s of load), `--hold-ms N` the slot time per request
+//! (default 300). Needs llama.cpp's server: `HEARTH_REAL_MODEL_DIR`, or made in
+//! `target/real-model` by `scripts/real-model.sh` on first use.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -119,7 +121,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let scale = bench_arg::<f64>("--seconds-scale").unwrap_or(1.0);
+    let scale = bench_arg::<f64>("--seconds-scale").unwrap_or(if testkit::bench_full() {
+        1.0
+    } else {
+        0.25
+    });
     let hold = Duration::from_millis(bench_arg::<f64>("--hold-ms").unwrap_or(300.0) as u64);
     let daemon = Daemon::builder()
         .tick("100ms")

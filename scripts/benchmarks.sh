@@ -5,22 +5,40 @@
 # from `hearth simulate --grid --markdown`, which takes about 25 minutes on 2 cores) and the
 # "Agent benchmarks" section (daemon measurements) are kept as they are.
 # Reads the Azure traces from HEARTH_TRACE_DIR (default: the repository's data/traces).
-#   scripts/benchmarks.sh
+#   scripts/benchmarks.sh                  (a few minutes on 2 cores)
+#   scripts/benchmarks.sh --smoke [DIR]    (seconds: every step, each run cut to 10 simulated
+#                                           minutes, written to DIR (default: a temporary one),
+#                                           BENCHMARKS.md and docs/ left alone; CI runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+smoke=
+case "${1:-}" in
+  "") ;;
+  --smoke) smoke=1 ;;
+  *) echo "usage: scripts/benchmarks.sh [--smoke [DIR]]" >&2; exit 2 ;;
+esac
 export HEARTH_TRACE_DIR="${HEARTH_TRACE_DIR:-$PWD/data/traces}"
 cargo build --release --quiet
 bin="${CARGO_TARGET_DIR:-target}/release/hearth"
 cfg=examples/simulate.toml
 out=BENCHMARKS.md
+svg=docs/azure-conv.svg
+cut=()
+if [ -n "$smoke" ]; then
+  dest=${2:-$(mktemp -d)}
+  mkdir -p "$dest/docs"
+  out=$dest/BENCHMARKS.md
+  svg=$dest/docs/azure-conv.svg
+  cut=(--duration 10m)
+fi
 agent=$(mktemp)
 # Keep the grid and agent sections (written from the grid's and the agent benchmarks' output).
-if [ -f "$out" ] && grep -q '^## The grid' "$out"; then
-  sed -n '/^## The grid/,$p' "$out" >"$agent"
-elif [ -f "$out" ] && grep -q '^## Agent benchmarks' "$out"; then
-  sed -n '/^## Agent benchmarks/,$p' "$out" >"$agent"
+if [ -f BENCHMARKS.md ] && grep -q '^## The grid' BENCHMARKS.md; then
+  sed -n '/^## The grid/,$p' BENCHMARKS.md >"$agent"
+elif [ -f BENCHMARKS.md ] && grep -q '^## Agent benchmarks' BENCHMARKS.md; then
+  sed -n '/^## Agent benchmarks/,$p' BENCHMARKS.md >"$agent"
 fi
-sim() { "$bin" simulate --config "$cfg" --model llm "$@"; }
+sim() { "$bin" simulate --config "$cfg" --model llm "$@" "${cut[@]}"; }
 verdict() {
   # One line per run: is hearth beaten on both axes by any baseline?
   python3 -c '
@@ -36,10 +54,35 @@ print("| %s | %.2f %% | %.0f | %.2f | %d | %s |" % (sys.argv[1], 100 * h["over_t
       h["killed"], "not beaten" if not beaten else "beaten by " + ", ".join(beaten)))
 ' "$1"
 }
-mkdir -p docs
+mkdir -p "$(dirname "$svg")"
 {
   cat <<'HEAD'
 # Benchmarks
+
+## Reproducing a figure
+
+Every figure below comes from one of these commands, run from the repository's root on a fresh
+machine: Debian 12 with the Rust toolchain (rustup) and python3 with venv, as CI's, as root
+where the table says so. `scripts/test.sh` installs what the test suite needs besides; the
+extra needs are in the last column. A benchmark program run without `--bench` (`cargo test
+--release --bench NAME`) is its smoke run, a few seconds with the same code; CI runs every
+smoke run (`.ci/run`, "benchmarks") and checks that each prints its figures. The machine these
+figures came from is described with each; on another the figures differ, the commands do not.
+
+| figures | command | needs |
+| --- | --- | --- |
+| Simulator (this part, down to the grid), `docs/azure-conv.svg` | `scripts/benchmarks.sh` (one table: `hearth simulate --config examples/simulate.toml --model llm --scenario NAME --markdown`, `--rate-mult 4` for ×4) | the traces in `data/traces` |
+| The grid | `hearth simulate --grid --markdown --jobs 2` | as above |
+| Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test autoscale -- --nocapture` | root (the admin role) |
+| Front door | `scripts/route-bench.sh 3 8` (`ROUTE_BENCH_HEARTH=PATH` for another build) | `apt-get install nginx wrk` (as root the replicas run as the account `hearth`, which the daemon makes) |
+| Replay through the front door | `cargo test --release --test route_replay -- --nocapture` | |
+| Chaos | `cargo test --release --test chaos -- --nocapture` | root, a writable cgroup v2 |
+| Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` for a before/after) | root (hostile connections from 8 users) |
+| The worst cost of one event | `cargo bench --bench event_cost` (`-- --repeat 5`) | |
+| Replicas outliving the daemon | `cargo bench --bench outlive` | root, a writable cgroup v2 |
+| The front door under starvation attacks | `cargo bench --bench route_starve` | `ulimit -n` of 12,000 or more (10,000 idle connections, held at both ends) |
+| Not recorded here: warm-up detection delay, the scraped wait against the true one, watchdog pings, weight prefetch, the router's JSON check | `cargo bench --bench warm_delay`, `scrape_wait`, `watchdog`, `prefetch`, `json_check` (each prints its goal beside its figure) | `scrape_wait`: llama.cpp's server (`scripts/real-model.sh`, made on first use); `prefetch`: 2 GiB of disk, root to drop the page cache |
+| A GPU host | `scripts/gpu-smoke.sh [--xid]` (exit 0: passed; 1: a difference; 2: no GPU here, nothing checked) | an NVIDIA GPU and driver; `--xid`: nvcc |
 
 ## Simulator: `hearth simulate`
 
@@ -107,14 +150,14 @@ MID
   echo
   echo "Share of requests over target / replica-seconds, per policy and cold start."
   echo
-  python3 - "$bin" "$cfg" <<'PY'
+  python3 - "$bin" "$cfg" "${cut[@]}" <<'PY'
 import json, subprocess, sys
-bin, cfg = sys.argv[1], sys.argv[2]
+bin, cfg, cut = sys.argv[1], sys.argv[2], sys.argv[3:]
 colds = ["10s", "30s", "60s", "120s", "240s"]
 rows = {}
 for c in colds:
     out = subprocess.run([bin, "simulate", "--config", cfg, "--model", "llm", "--scenario", "azure-conv",
-                          "--cold-start", c, "--json"], capture_output=True, text=True, check=True).stdout
+                          "--cold-start", c, "--json", *cut], capture_output=True, text=True, check=True).stdout
     for p in json.loads(out)["policies"]:
         rows.setdefault(p["policy"], []).append("%.2f %% / %.0f" % (100 * p["over_target"], p["replica_seconds"]))
 print("| policy | " + " | ".join("cold " + c for c in colds) + " |")
@@ -127,11 +170,11 @@ PY
   echo
   echo "![azure-conv: arrivals, oldest wait and replicas per policy](docs/azure-conv.svg)"
   echo
-  sim --scenario azure-conv --plot docs/azure-conv.svg >/dev/null 2>&1
+  sim --scenario azure-conv --plot "$svg" >/dev/null 2>&1
   if [ -s "$agent" ]; then
     echo
     cat "$agent"
   fi
 } >"$out"
 rm -f "$agent"
-echo "wrote $out and docs/azure-conv.svg"
+echo "wrote $out and $svg"

@@ -13,7 +13,11 @@
 #      is seen by hearth and leaves the device in service.
 #
 # Usage: scripts/gpu-smoke.sh [--xid] [path/to/hearth]   (default: target/release/hearth)
-# Needs: nvidia-smi, python3 (to read JSON). Exits non-zero at the first difference.
+# Needs: nvidia-smi, python3 (to read JSON).
+# Exits 0 when every check passed; 1 at the first difference (or a missing tool); 2, having
+# checked nothing, on a machine with no NVIDIA GPU (no nvidia-smi, no driver, or no device),
+# saying so on stderr: "gpu-smoke: no NVIDIA GPU here (…); nothing checked". CI runs it on a
+# machine without one and checks that answer.
 set -euo pipefail
 
 xid=0
@@ -21,7 +25,7 @@ hearth=""
 for arg in "$@"; do
   case "$arg" in
     --xid) xid=1 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
     *) hearth="$arg" ;;
   esac
 done
@@ -34,10 +38,13 @@ fail() { printf '%s\n' "gpu-smoke: FAIL: $*" >&2; exit 1; }
 need() { command -v "$1" > /dev/null 2>&1 || fail "$1 is not installed"; }
 left() { ((SECONDS < deadline)) || fail "out of time (4 minutes)"; }
 
-need nvidia-smi
+no_gpu() { printf '%s\n' "gpu-smoke: no NVIDIA GPU here ($*); nothing checked" >&2; exit 2; }
+
+command -v nvidia-smi > /dev/null 2>&1 || no_gpu "nvidia-smi is not installed"
+gpu_list="$(nvidia-smi -L 2>&1)" || no_gpu "nvidia-smi cannot talk to the driver: ${gpu_list//$'\n'/ }"
+grep -q '^GPU ' <<< "$gpu_list" || no_gpu "nvidia-smi lists no device"
 need python3
 [[ -x "$hearth" ]] || fail "no hearth binary at $hearth (build it, or pass its path)"
-nvidia-smi -L > /dev/null || fail "nvidia-smi cannot talk to the driver"
 
 tmp="$(mktemp -d /tmp/hearth-gpu-smoke.XXXXXX)"
 chmod 755 "$tmp"

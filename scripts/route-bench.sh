@@ -51,8 +51,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 body='{"id":"cmpl-bench","object":"text_completion","created":0,"model":"bench","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}'
 mkdir -p "$dir/logs" "$dir/replica"
-# The daemon runs a model without `user` as an unprivileged account when it runs as root: the
-# replica's nginx writes its config, pid, log and body buffers where that account may.
+# As root the daemon runs a model without `user` as its unprivileged account (hearth, which it
+# makes on a fresh machine): the replica's nginx may write only where that account may, so its
+# config, pid, log and every temp directory nginx would otherwise make under /var/lib/nginx (root's,
+# or www-data's once the packaged service ran) live in a directory of the replica's own. `-e`
+# moves the log nginx opens before it reads its configuration.
 chmod 0755 "$dir"
 chmod 1777 "$dir/replica"
 cat >"$dir/upstream.conf.in" <<EOF
@@ -63,7 +66,11 @@ error_log $dir/replica/up-@PORT@.err warn;
 events { worker_connections 8192; }
 http {
   access_log off;
-  client_body_temp_path $dir/replica/tmp-@PORT@;
+  client_body_temp_path $dir/replica/tmp-@PORT@-body;
+  proxy_temp_path $dir/replica/tmp-@PORT@-proxy;
+  fastcgi_temp_path $dir/replica/tmp-@PORT@-fastcgi;
+  uwsgi_temp_path $dir/replica/tmp-@PORT@-uwsgi;
+  scgi_temp_path $dir/replica/tmp-@PORT@-scgi;
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {
@@ -72,6 +79,13 @@ http {
   }
 }
 EOF
+# The slow model's server is this hearth binary, which the replicas' account must be able to run:
+# a checkout it cannot enter (under /root, say) gets a copy in the scratch directory.
+if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$hearth"; then
+  mkdir -p "$dir/bin"
+  install -m 0755 "$hearth" "$dir/bin/hearth"
+  hearth=$dir/bin/hearth
+fi
 ports_first=$(free_port)
 rport=$(free_port)
 sock=$dir/hearth.sock
@@ -87,7 +101,7 @@ backend = "auto"
 
 [[model]]
 name = "bench"
-command = ["sh", "-c", "sed 's/@PORT@/{port}/g' $dir/upstream.conf.in > $dir/replica/up-{port}.conf && exec nginx -p $dir/replica -c $dir/replica/up-{port}.conf"]
+command = ["sh", "-c", "sed 's/@PORT@/{port}/g' $dir/upstream.conf.in > $dir/replica/up-{port}.conf && exec nginx -p $dir/replica -e $dir/replica/up-{port}.err -c $dir/replica/up-{port}.conf"]
 gpus = 0
 stop_grace = "2s"
 slots = 4096
@@ -134,7 +148,12 @@ print(r[0]["addr"] if r and s else "")' 2>/dev/null || true)
   [ -n "$upstream" ] && break
   sleep 0.1
 done
-[ -n "$upstream" ] || { cat "$dir/logs/daemon.log"; echo "the replicas never became routed" >&2; exit 1; }
+if [ -z "$upstream" ]; then
+  cat "$dir/logs/daemon.log"
+  for f in "$dir"/replica/*.err; do [ -s "$f" ] && { echo "== $f"; cat "$f"; }; done
+  echo "the replicas never became routed" >&2
+  exit 1
+fi
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$rport/metrics" | grep -q '^hearth_route_routed_replicas{model="bench"} 1' && break
   sleep 0.1
@@ -151,6 +170,9 @@ http {
   access_log off;
   client_body_temp_path $dir/proxy/body;
   proxy_temp_path $dir/proxy/tmp;
+  fastcgi_temp_path $dir/proxy/fastcgi;
+  uwsgi_temp_path $dir/proxy/uwsgi;
+  scgi_temp_path $dir/proxy/scgi;
   keepalive_requests 10000000;
   upstream replica { server $upstream; keepalive 1024; }
   server {
@@ -165,7 +187,7 @@ http {
   }
 }
 EOF
-nginx -p "$dir" -c "$dir/proxy.conf"
+nginx -p "$dir" -e "$dir/logs/proxy.err" -c "$dir/proxy.conf"
 
 cat >"$dir/post.lua" <<'EOF'
 wrk.method = "POST"

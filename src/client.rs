@@ -26,8 +26,28 @@ pub enum ClientError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The socket (or a directory on its way) is there but this user may not use it: saying
+    /// "no daemon" would send the operator looking for a daemon that runs.
+    #[error(
+        "permission denied on the daemon's socket {path} ({source}): the daemon may well be          running, but this user may not connect. Its group may (`hearth` under systemd:          `usermod -aG hearth USER`, then log in again), and root may"
+    )]
+    Denied {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("connection to the daemon lost: {0}")]
     Lost(String),
+}
+
+impl ClientError {
+    /// Why connecting to `path` failed, as the operator should read it.
+    pub fn connecting(path: &Path, source: std::io::Error) -> ClientError {
+        let path = path.to_path_buf();
+        match source.kind() {
+            std::io::ErrorKind::PermissionDenied => ClientError::Denied { path, source },
+            _ => ClientError::NoDaemon { path, source },
+        }
+    }
 }
 
 pub struct Client {
@@ -38,10 +58,7 @@ impl Client {
     pub async fn connect(path: &Path) -> Result<Client, ClientError> {
         let stream = UnixStream::connect(path)
             .await
-            .map_err(|source| ClientError::NoDaemon {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .map_err(|source| ClientError::connecting(path, source))?;
         // Answers can be large (status of a big host); events small. Allow generous lines.
         let codec = LinesCodec::new_with_max_length(64 * 1024 * 1024);
         Ok(Client {

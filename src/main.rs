@@ -88,8 +88,7 @@ fn daemon(path: &Path) -> ExitCode {
     let inventory = match inventory::open(&config.gpus) {
         Ok(i) => i,
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("hearth: {e}");
+            logging::fatal("hearth", &e);
             return ExitCode::from(1);
         }
     };
@@ -99,8 +98,7 @@ fn daemon(path: &Path) -> ExitCode {
     let faults = match hearth::agent::fault::Faults::from_env() {
         Ok(f) => f,
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("hearth: {e}");
+            logging::fatal("hearth", &e);
             return ExitCode::from(1);
         }
     };
@@ -208,8 +206,7 @@ fn daemon(path: &Path) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("hearth: {e:#}");
+            logging::fatal("hearth", &format_args!("{e:#}"));
             ExitCode::from(1)
         }
     }

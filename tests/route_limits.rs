@@ -13,7 +13,7 @@ use serde_json::json;
 use testkit::route::*;
 
 const T: Duration = Duration::from_secs(60);
-/// Longer than the router's silent deadline (3 s), shorter than its head timeout (30 s).
+/// Longer than the router's silent deadline (2 to 4 s), shorter than its head timeout (30 s).
 const PAST_SILENT: Duration = Duration::from_secs(12);
 
 fn toy() -> Model {
@@ -46,11 +46,11 @@ fn routed(addr: SocketAddr, daemon: &Daemon) {
 fn silent_connections_close_early_and_make_room_for_clients() {
     let (daemon, _router, addr) = front_door([toy()], "max_connections = 8\n");
     routed(addr, &daemon);
-    // Eight connections that never send a byte fill max_connections.
+    // Eight connections that never send a byte: as many as max_connections.
     let mut silent: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(300));
-    // A client's request is served anyway: a silent connection is closed to make room (before,
-    // it waited in the accept backlog until a silent one's 30-s head timeout).
+    // A client's request is served anyway: silent connections hold no slot (at first it waited
+    // in the accept backlog until a silent one's 30-s head timeout).
     let r = complete(addr, "l", Duration::from_secs(10)).expect("served while 8 sit silent");
     assert_eq!(r.status, 200, "{}", r.text());
     // The rest close after the silent deadline, long before the head timeout.
@@ -66,6 +66,36 @@ fn silent_connections_close_early_and_make_room_for_clients() {
     let mut partial = TcpStream::connect(addr).unwrap();
     partial.write_all(b"GET /health HTTP/1.1\r\n").unwrap();
     assert!(!closed_within(&mut partial, Duration::from_secs(5)));
+}
+
+#[test]
+fn silent_connections_past_max_connections_are_held_apart_not_closed_for_room() {
+    let (daemon, _router, addr) = front_door([toy()], "max_connections = 8\n");
+    routed(addr, &daemon);
+    // Three times the slots, silent (the router holds four times its slots of them). Before,
+    // it took them in turn from the accept queue, each by closing an earlier one, so that a
+    // client behind them waited for that churn (and, with more of them than the queue holds,
+    // for the kernel's retry a second later: benches/route_starve.rs).
+    let mut silent: Vec<TcpStream> = (0..24).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let r = complete(addr, "l", Duration::from_secs(10)).expect("served while 24 sit silent");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // None was closed to make room: each is still open, until its own silent deadline.
+    let mut open = 0;
+    for s in &mut silent {
+        if !closed_within(s, Duration::from_millis(1)) {
+            open += 1;
+        }
+    }
+    assert_eq!(open, 24, "silent connections closed before their deadline");
+    let started = Instant::now();
+    for s in &mut silent {
+        let left = PAST_SILENT.saturating_sub(started.elapsed());
+        assert!(
+            closed_within(s, left.max(Duration::from_millis(1))),
+            "still open"
+        );
+    }
 }
 
 /// `POST /v1/completions` declaring `len` bytes of body, of which `sent` are sent.

@@ -2,6 +2,7 @@
 //! error answer, 2 usage or no daemon). The tables are in render.rs.
 #![forbid(unsafe_code)]
 
+mod confirm;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -372,6 +373,7 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         eprintln!("hearth: not a verb that talks to the daemon");
         return ExitCode::from(2);
     };
+    let change = confirm::Change::of(&request);
     let mut client = match Client::connect(&socket).await {
         Ok(c) => c,
         Err(e) => {
@@ -413,7 +415,11 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
             );
             return ExitCode::from(1);
         }
-        (Render::Quiet, _) => {}
+        (Render::Quiet, _) => {
+            if let Some(change) = change {
+                print_out(&format!("{}\n", confirm::line(&change, &mut client).await));
+            }
+        }
         (Render::Status { json: true }, Response::Status { status }) => print_json(&status),
         (Render::Status { json: false }, Response::Status { status }) => {
             print_out(&status_table(&status));

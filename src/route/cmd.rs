@@ -50,8 +50,7 @@ pub fn main(args: RouteArgs) -> ExitCode {
     match rt.block_on(run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("hearth route: {e:#}");
+            crate::agent::logging::fatal("hearth route", &format_args!("{e:#}"));
             ExitCode::from(1)
         }
     }

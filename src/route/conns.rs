@@ -1,11 +1,19 @@
 //! The router's client connections: what each is doing, so that the listener can tell a
 //! connection that serves a client from one that only holds a place.
 //!
-//! - **Silent connections** (accepted, not a byte sent) close after `SILENT_TIMEOUT`, and are
-//!   the first closed to make room when `max_connections` are open: thousands of bare TCP
-//!   connects cannot keep a client's request waiting in the accept backlog. Connections idle
-//!   between requests (keep-alive) are closed next, the longest idle first. A connection
-//!   reading a request head, or serving a request, is never closed for room.
+//! - **Silent connections** (accepted, not a byte sent) close after `SILENT_TIMEOUT` to twice
+//!   that, spread by connection (thousands connected at once would otherwise be closed at once,
+//!   reconnect at once, and load the router in waves every deadline), and hold
+//!   no connection slot: they are accepted at once and bounded apart, at `SILENT_PER_SLOT`
+//!   times `max_connections` (past it the oldest is closed). Thousands of bare TCP connects
+//!   then neither take the slots nor fill the kernel's accept queue: were they closed to make
+//!   room, each would connect again at once, and a population of them larger than the slots and
+//!   the queue keeps the queue full, so that a client's connect is dropped and retried a second
+//!   later (`benches/route_starve.rs` measured p99 3.2 s that way).
+//! - **Slots**: a connection takes one of `max_connections` with its first byte. At the bound,
+//!   connections idle between requests (keep-alive) are closed to make room, the longest idle
+//!   first. A connection waiting for a slot, reading a request head or serving a request is
+//!   never closed for room.
 //! - **The request head** is bounded exactly: at most `MAX_HEAD` bytes are handed to the HTTP
 //!   parser for one head, so a head of `MAX_HEAD` bytes is read and one byte more is answered
 //!   431 (hyper alone checks its buffer only after a read, which lets a head run to about
@@ -39,12 +47,17 @@ use super::relay::{BoxError, RouteBody};
 /// Longest request head (request line and headers). At most 100 headers, hyper's own bound:
 /// setting another puts the parser's header tables on the heap, two allocations per request.
 pub const MAX_HEAD: usize = 64 * 1024;
-/// A connection that has sent nothing is closed after this. Any HTTP client sends its request
-/// as soon as it has connected; a connection opened and left silent only holds a place.
-pub const SILENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection that has sent nothing is closed after this, or up to twice this (spread by
+/// connection). Any HTTP client sends its request as soon as it has connected; a connection
+/// opened and left silent only holds a place.
+pub const SILENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Silent connections held at most, per connection slot.
+pub const SILENT_PER_SLOT: usize = 4;
 
 const IDLE: u8 = 0;
 const SERVING: u8 = 1;
+/// Heard, waiting for a connection slot (until its first read by the HTTP parser).
+const WAITING: u8 = 2;
 
 /// One client connection, as the listener and the connection's task share it.
 pub struct ClientConn {
@@ -52,8 +65,10 @@ pub struct ClientConn {
     pub peer: IpAddr,
     /// In `trusted_proxies`: no silent deadline, never closed for room.
     pub trusted: bool,
-    /// Any byte read since the connection was accepted.
+    /// Any byte read (or ready to be) since the connection was accepted.
     heard: AtomicBool,
+    /// The registry's count of silent connections, which this one is in until heard or gone.
+    silent: Arc<AtomicUsize>,
     /// Bytes read of the request head in progress (none while a request is served).
     head_bytes: AtomicUsize,
     phase: AtomicU8,
@@ -64,13 +79,36 @@ pub struct ClientConn {
 }
 
 impl ClientConn {
-    /// Whether the connection is serving no request: reading a head, idle, or never heard.
+    /// Whether the connection is serving no request: reading a head, idle, waiting for a slot,
+    /// or never heard.
     pub fn is_idle(&self) -> bool {
         self.phase.load(Ordering::Acquire) != SERVING
     }
 
     pub fn heard(&self) -> bool {
         self.heard.load(Ordering::Relaxed)
+    }
+
+    /// When this connection, silent, is closed: `SILENT_TIMEOUT` plus a share of it that
+    /// differs between consecutive connections (Fibonacci hashing of the id), so that a burst
+    /// of connects does not expire in a burst.
+    pub fn silent_deadline(&self) -> Duration {
+        let spread = self.id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54; // 0..1024
+        SILENT_TIMEOUT + SILENT_TIMEOUT.mul_f64(spread as f64 / 1024.0)
+    }
+
+    /// The connection is silent no more: it has sent a byte (or is gone). Counted once.
+    fn leave_silence(&self) {
+        if !self.heard.swap(true, Ordering::AcqRel) && !self.trusted {
+            self.silent.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The client sent something: the connection waits for a slot, and is never closed for
+    /// room meanwhile (it holds none).
+    pub fn heard_now(&self) {
+        self.phase.store(WAITING, Ordering::Release);
+        self.leave_silence();
     }
 
     /// Ends when the listener chose this connection to be closed for room.
@@ -102,9 +140,12 @@ impl ClientConn {
         if n == 0 {
             return;
         }
-        self.heard.store(true, Ordering::Relaxed);
+        self.leave_silence();
         if self.phase.load(Ordering::Acquire) != SERVING {
             self.head_bytes.fetch_add(n, Ordering::Relaxed);
+            let _ = self
+                .phase
+                .compare_exchange(WAITING, IDLE, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
@@ -130,6 +171,8 @@ pub struct Registry {
     epoch: Instant,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Arc<ClientConn>>>,
+    /// Open connections that have sent nothing yet (trusted proxies' not counted).
+    silent: Arc<AtomicUsize>,
 }
 
 impl Default for Registry {
@@ -138,6 +181,7 @@ impl Default for Registry {
             epoch: Instant::now(),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            silent: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -159,11 +203,15 @@ impl Registry {
             peer,
             trusted,
             heard: AtomicBool::new(false),
+            silent: self.silent.clone(),
             head_bytes: AtomicUsize::new(0),
             phase: AtomicU8::new(IDLE),
             idle_since: AtomicU64::new(self.nanos()),
             close: CancellationToken::new(),
         });
+        if !trusted {
+            self.silent.fetch_add(1, Ordering::AcqRel);
+        }
         self.lock().insert(conn.id, conn.clone());
         Registered {
             conn,
@@ -179,10 +227,30 @@ impl Registry {
         self.len() == 0
     }
 
-    /// Closes one connection to make room: a silent one, else one idle between requests, the
-    /// longest waiting first; never one reading a head or serving, never a trusted proxy's.
-    /// Whether one was found (its slot comes free when its task has ended).
+    /// Open connections that have sent nothing yet, trusted proxies' aside.
+    pub fn silent(&self) -> usize {
+        self.silent.load(Ordering::Acquire)
+    }
+
+    /// Closes one connection for room: a silent one, else one idle between requests, the
+    /// longest waiting first; never one waiting for a slot, reading a head or serving, never a
+    /// trusted proxy's. Whether one was found (what it held comes free when its task has ended).
     pub fn evict_one(&self) -> bool {
+        self.evict(true, true)
+    }
+
+    /// Closes the oldest silent connection (for the silent bound, or a descriptor).
+    pub fn evict_silent(&self) -> bool {
+        self.evict(true, false)
+    }
+
+    /// Closes the connection idle between requests the longest (for a connection slot: only
+    /// those hold one).
+    pub fn evict_idle(&self) -> bool {
+        self.evict(false, true)
+    }
+
+    fn evict(&self, silent: bool, idle: bool) -> bool {
         let mut conns = self.lock();
         // (rank, idle since): silent before idle, then the oldest.
         let mut best: Option<((u8, u64), u64)> = None;
@@ -193,7 +261,11 @@ impl Registry {
             {
                 continue;
             }
-            let key = (u8::from(c.heard()), c.idle_since.load(Ordering::Relaxed));
+            let heard = c.heard();
+            if (heard && !idle) || (!heard && !silent) {
+                continue;
+            }
+            let key = (u8::from(heard), c.idle_since.load(Ordering::Relaxed));
             if best.is_none_or(|(k, _)| key < k) {
                 best = Some((key, c.id));
             }
@@ -220,6 +292,7 @@ pub struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
+        self.conn.leave_silence();
         self.registry.lock().remove(&self.conn.id);
     }
 }
@@ -373,6 +446,50 @@ mod tests {
         assert_eq!(reg.len(), 3);
         drop((serving, mid_head, proxy));
         assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn silent_connections_are_counted_apart_and_hold_no_slot() {
+        let reg = Arc::new(Registry::default());
+        let a = reg.admit(ip("10.0.0.1"), false);
+        let b = reg.admit(ip("10.0.0.2"), false);
+        let _proxy = reg.admit(ip("10.0.0.3"), true);
+        assert_eq!(reg.silent(), 2, "a trusted proxy's not counted");
+        a.conn.heard_now();
+        assert_eq!(reg.silent(), 1);
+        a.conn.note_read(3);
+        assert_eq!(reg.silent(), 1, "counted once");
+        // Closing for a slot takes only connections that hold one: idle between requests.
+        assert!(!reg.evict_idle(), "neither a silent one nor one mid-head");
+        assert!(reg.evict_silent());
+        assert!(b.conn.close.is_cancelled());
+        drop(b);
+        assert_eq!(reg.silent(), 0, "gone");
+        let waiting = reg.admit(ip("10.0.0.4"), false);
+        waiting.conn.heard_now();
+        assert!(
+            !reg.evict_one(),
+            "waiting for a slot: never closed for room"
+        );
+        drop((a, waiting));
+        assert_eq!(reg.silent(), 0);
+    }
+
+    #[test]
+    fn silent_deadlines_are_spread_between_one_and_two_timeouts() {
+        let reg = Arc::new(Registry::default());
+        let conns: Vec<Registered> = (0..1000)
+            .map(|_| reg.admit(ip("10.0.0.1"), false))
+            .collect();
+        let mut tenths = [0usize; 10];
+        for r in &conns {
+            let d = r.conn.silent_deadline();
+            assert!(d >= SILENT_TIMEOUT && d < 2 * SILENT_TIMEOUT, "{d:?}");
+            let share = (d - SILENT_TIMEOUT).as_secs_f64() / SILENT_TIMEOUT.as_secs_f64();
+            tenths[(share * 10.0) as usize] += 1;
+        }
+        // A burst of connects expires over the whole span, not at one instant.
+        assert!(tenths.iter().all(|&n| (50..150).contains(&n)), "{tenths:?}");
     }
 
     #[test]

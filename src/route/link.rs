@@ -168,6 +168,13 @@ async fn report_once(
 ) -> String {
     let stream = match UnixStream::connect(socket).await {
         Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return format!(
+                "permission denied on the daemon's socket {}: {e} (the front door's user needs \
+                 the socket's group, `hearth` under systemd)",
+                socket.display()
+            )
+        }
         Err(e) => return format!("no daemon at {}: {e}", socket.display()),
     };
     let (mut sink, mut answers) =

@@ -125,3 +125,15 @@ fn priorities() -> tracing_journald::PriorityMappings {
         trace: Priority::Debug,
     }
 }
+
+/// The error that ends the process, said once: through the log where it takes errors (it goes
+/// to stderr or to the journal, stderr's own destination under systemd, so a second copy on
+/// stderr would print it twice), on stderr with `prefix` where the log would drop it (`RUST_LOG`
+/// off, or no subscriber installed).
+pub fn fatal(prefix: &str, error: &dyn std::fmt::Display) {
+    if tracing::enabled!(tracing::Level::ERROR) {
+        tracing::error!("{error}");
+    } else {
+        eprintln!("{prefix}: {error}");
+    }
+}
