@@ -284,9 +284,23 @@ fn a_workload_shorter_than_the_warm_up_is_refused_plainly() {
     );
 }
 
-/// Issue 7's bar, at the seed BENCHMARKS.md uses: on every built-in scenario and both traces
-/// (×1 and ×4), no baseline is at least as good for less, or better for about as much; and
-/// hearth kills nothing on scale-down.
+/// Issue 26's materiality (BENCHMARKS.md, "The grid"): a baseline beats hearth when it spends at
+/// most 1.1× hearth's replica-seconds and misses fewer by more than max(0.05 point, 10 % of
+/// hearth's share), or misses no more than hearth's share + 0.05 point and spends less than
+/// 0.97×. Shares: 0.01 is 1 point.
+fn beats_materially(b_over: f64, b_rs: f64, h_over: f64, h_rs: f64) -> bool {
+    let margin = (0.0005f64).max(0.1 * h_over);
+    (b_rs <= 1.1 * h_rs && h_over - b_over > margin)
+        || (b_over <= h_over + 0.0005 && b_rs < 0.97 * h_rs)
+}
+
+/// Issue 7's rules, for the strict count: fewer misses for at most 1.1×, or no more for less.
+fn beats_strictly(b_over: f64, b_rs: f64, h_over: f64, h_rs: f64) -> bool {
+    (b_rs <= 1.1 * h_rs && b_over < h_over) || (b_over <= h_over && b_rs < h_rs)
+}
+
+/// The bar, at the seed BENCHMARKS.md uses: on every built-in scenario and both traces (×1 and
+/// ×4), no baseline beats hearth materially; and hearth kills nothing on scale-down.
 #[test]
 fn hearth_is_not_beaten_on_both_axes_by_any_baseline() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -338,7 +352,7 @@ fn hearth_is_not_beaten_on_both_axes_by_any_baseline() {
             !p["policy"].as_str().unwrap().starts_with("hearth") && p["policy"] != "oracle"
         }) {
             let (b_over, b_rs) = get(b);
-            if (b_rs <= 1.1 * h_rs && b_over < h_over) || (b_over <= h_over && b_rs < h_rs) {
+            if beats_materially(b_over, b_rs, h_over, h_rs) {
                 failures.push(format!(
                     "{name}: {} ({:.2} %, {b_rs:.0} replica-s) beats hearth ({:.2} %, {h_rs:.0})",
                     b["policy"],
@@ -454,22 +468,22 @@ fn simulate_json_is_the_committed_golden_output() {
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
 }
 
-/// Cells of `--grid-sample 60` where a baseline beats hearth today (issue 12's rules; see
+/// Cells of `--grid-sample 60` where a baseline beats hearth materially today (see
 /// BENCHMARKS.md, "The grid"). The test fails if any other cell is beaten, so a regression shows,
 /// and names each listed cell that holds again, so the list only shrinks.
 const KNOWN_BEATEN: [&str; 5] = [
     "azure-conv --speed 2, cold 60 s, 8 slots, target 2 s",
-    "azure-conv --speed 4, cold 240 s, 8 slots, target 0.5 s",
     "burst seed 5, cold 240 s, 8 slots, target 0.5 s",
-    "diurnal seed 4, cold 60 s, 32 slots, target 2 s",
     "diurnal seed 5, cold 10 s, 8 slots, target 2 s",
+    "sawtooth seed 4, cold 10 s, 32 slots, target 2 s",
+    "sawtooth seed 5, cold 10 s, 32 slots, target 2 s",
 ];
 
 /// Issue 12 on a fixed sample of the grid: 60 cells spanning every workload family, cold start,
 /// slot count and target, every policy given only `min`, `max` and `target_wait`. The oracle is
 /// beaten on both axes by no online policy; hearth drains and never kills; and hearth is beaten
-/// by no baseline — a baseline costing at most 1.1× missing fewer, or one missing no more costing
-/// less — nor misses more than max(1.5 × KPA's, KPA's + 1 point), outside `KNOWN_BEATEN`.
+/// materially by no baseline (`beats_materially`), nor misses more than max(1.5 × KPA's, KPA's +
+/// 1 point), outside `KNOWN_BEATEN`. The strict count (`beats_strictly`) is the summary's too.
 /// The verdicts are computed here from the figures, not read from the binary's summary, and the
 /// summary must agree with them.
 #[test]
@@ -514,6 +528,7 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
     let known: &[&str] = &KNOWN_BEATEN;
     let mut failures = Vec::new();
     let mut beaten = Vec::new();
+    let mut strictly = 0;
     for c in cells {
         let label = format!(
             "{}, cold {} s, {} slots, target {} s",
@@ -542,17 +557,24 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
             failures.push(format!("{label}: hearth killed {h_killed} requests"));
         }
         let (k_over, _, _) = figures(c, "kpa");
-        let mut by: Vec<&str> = names
-            .iter()
-            .copied()
-            .filter(|n| *n != "hearth" && *n != "oracle")
-            .filter(|n| {
-                let (b_over, b_rs, _) = figures(c, n);
-                (b_rs <= 1.1 * h_rs && b_over < h_over) || (b_over <= h_over && b_rs < h_rs)
-            })
-            .collect();
-        if h_over > (1.5 * k_over).max(k_over + 0.01) + 1e-12 {
+        let by_rule = |rule: fn(f64, f64, f64, f64) -> bool| -> Vec<&str> {
+            names
+                .iter()
+                .copied()
+                .filter(|n| *n != "hearth" && *n != "oracle")
+                .filter(|n| {
+                    let (b_over, b_rs, _) = figures(c, n);
+                    rule(b_over, b_rs, h_over, h_rs)
+                })
+                .collect()
+        };
+        let mut by = by_rule(beats_materially);
+        let ceiling = h_over > (1.5 * k_over).max(k_over + 0.01) + 1e-12;
+        if ceiling {
             by.push("KPA's ceiling");
+        }
+        if ceiling || !by_rule(beats_strictly).is_empty() {
+            strictly += 1;
         }
         if !by.is_empty() {
             beaten.push(label.clone());
@@ -572,6 +594,7 @@ fn on_a_sample_of_the_grid_the_oracle_bounds_every_policy_and_hearth_holds() {
     }
     let summary = &v["summary"];
     assert_eq!(summary["beaten"].as_u64(), Some(beaten.len() as u64));
+    assert_eq!(summary["beaten_strict"].as_u64(), Some(strictly));
     assert_eq!(summary["hearth_killed_cells"], 0);
     assert_eq!(summary["oracle_beaten"], 0);
     assert!(failures.is_empty(), "{failures:#?}");
