@@ -8,7 +8,6 @@ use toml::Spanned;
 
 use super::{at, Cx, Res};
 use crate::config::raw::{index, join, Opt, RawRoute};
-use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
 use crate::config::route::paths::PathRules;
 use crate::config::route::proxies::{Cidr, TrustedProxies};
 use crate::config::route::settings::{
@@ -18,6 +17,7 @@ use crate::config::route::settings::{
     MAX_BODY_LIMIT, MAX_BUFFERED_LIMIT, MAX_CONNECTIONS_LIMIT, MAX_DRAIN, MAX_QUEUE_LIMIT,
     MAX_THREADS,
 };
+use crate::config::{ModelConfig, RouteConfig, RouteModelConfig};
 
 /// Bearer tokens travel in a header: a valid header value, and long enough not to be guessed.
 const API_KEY_LEN: std::ops::RangeInclusive<usize> = 16..=512;
