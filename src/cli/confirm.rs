@@ -10,6 +10,8 @@ use crate::protocol::{Request, Response};
 pub(super) enum Change {
     Scale { model: String },
     Drain { replica: String, force: bool },
+    DrainModel { model: String },
+    UndrainModel { model: String },
     Cordon { gpu: String, evacuate: bool },
     Uncordon { gpu: String },
     Reload,
@@ -22,9 +24,21 @@ impl Change {
             Request::Scale { model, .. } => Change::Scale {
                 model: model.clone(),
             },
-            Request::Drain { replica, force } => Change::Drain {
+            Request::Drain {
+                replica: Some(replica),
+                force,
+                ..
+            } => Change::Drain {
                 replica: replica.clone(),
                 force: *force,
+            },
+            Request::Drain {
+                model: Some(model), ..
+            } => Change::DrainModel {
+                model: model.clone(),
+            },
+            Request::Undrain { model } => Change::UndrainModel {
+                model: model.clone(),
             },
             Request::Cordon { gpu, evacuate, .. } => Change::Cordon {
                 gpu: gpu.clone(),
@@ -66,6 +80,13 @@ pub(super) async fn line(change: &Change, client: &mut Client) -> String {
             "{replica}: draining{}: unrouted, it stops once its requests are done",
             if *force { " (forced)" } else { "" }
         ),
+        Change::DrainModel { model } => format!(
+            "{model}: drained off the balancers: front doors answer their agent checks `drain`; \
+             its replicas keep serving what still arrives"
+        ),
+        Change::UndrainModel { model } => {
+            format!("{model}: undrained: front doors answer their agent checks `ready` again")
+        }
         Change::Cordon { gpu, evacuate } => format!(
             "{gpu}: cordoned: no new replica is placed on it{}",
             if *evacuate {

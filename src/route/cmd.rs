@@ -50,7 +50,7 @@ pub fn main(args: RouteArgs) -> ExitCode {
     match rt.block_on(run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            crate::agent::logging::fatal("hearth route", &format_args!("{e:#}"));
+            crate::service::logging::fatal("hearth route", &format_args!("{e:#}"));
             ExitCode::from(1)
         }
     }
