@@ -42,7 +42,7 @@ fn route_keys_apply_and_defaults_stay_elsewhere() {
 #[test]
 fn fleet_keys_apply_and_are_off_by_default() {
     let c = parse(&two_models()).unwrap();
-    let s = crate::route::settings::RouteSettings::from_config(&c);
+    let s = crate::config::route::settings::RouteSettings::from_config(&c);
     assert_eq!(s.agent_listen, None);
     assert_eq!(s.balancers, 1);
     assert_eq!(s.drain_timeout, Duration::from_secs(30));
@@ -53,7 +53,7 @@ fn fleet_keys_apply_and_are_off_by_default() {
          drain_timeout = \"1m\"\ndrain_grace = \"500ms\"\n",
         two_models()
     );
-    let s = crate::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
+    let s = crate::config::route::settings::RouteSettings::from_config(&parse(&text).unwrap());
     assert_eq!(
         s.agent_listen.map(|a| a.to_string()).as_deref(),
         Some("10.0.0.5:9400")
