@@ -1,6 +1,6 @@
 //! The fleet bench (docs/fleet.md; `scripts/fleet-bench.sh`): three hosts on 127.0.0.2, .3 and
 //! .4 from `examples/fleet/hearth.toml` (toy replicas, 4 slots each, `max` 6, target wait
-//! 500 ms) behind HAProxy, with one host hot: `--hot` clients (default 28) send long requests
+//! 500 ms) behind HAProxy, with one host hot: `--hot` clients (default 40) send long requests
 //! (1.1 s of service) straight to host 1's front door, which holds its replicas at `max` with a
 //! queue, while hosts 2 and 3 only get what HAProxy sends them. Then, for each policy in turn,
 //! `--clients` (default 8) clients send short requests (300 ms of service) through HAProxy for
@@ -96,7 +96,7 @@ fn main() {
     let smoke = std::env::args().any(|a| a == "--smoke") || !bench_full();
     let seconds: u64 = bench_arg("--seconds").unwrap_or(if smoke { 3 } else { 30 });
     let clients: usize = bench_arg("--clients").unwrap_or(8);
-    let hot: usize = bench_arg("--hot").unwrap_or(28);
+    let hot: usize = bench_arg("--hot").unwrap_or(40);
     let mut fleet = Fleet::start(3);
     let stop = Arc::new(AtomicBool::new(false));
     let h1 = fleet.hosts[0].listen;
