@@ -3,7 +3,7 @@
 //! docs/operations.md says (its rehearsal is the same recipe, for an operator), and the production
 //! path checked end to end: readiness and STATUS=, scopes under hearth.slice, reloads, the
 //! upgrade, kill -9, the watchdog, stop, the journal, the sandbox against llama.cpp's server,
-//! and `systemctl stop hearth.slice`.
+//! `systemctl stop hearth.slice`, and the removal docs/operations.md gives.
 //!
 //! The test's drop-in changes what the unit runs (the build bound at /opt/hearth instead of
 //! /usr/local/bin), two timings (WatchdogSec=4s for 30s, RestartSec=1s for 5s) and arms the
@@ -114,4 +114,69 @@ fn the_watchdog_check_fails_without_a_watchdog() {
     assert_eq!(h.show("hearth", "SubState"), "running");
     assert_eq!(h.restarts(), 0);
     scopes::stopping_the_slice_stops_every_replica(&h);
+}
+
+/// docs/operations.md's "Removing hearth", run as written on a hearth installed and serving
+/// through its front door: nothing of hearth is left.
+#[test]
+fn removing_hearth_as_the_operations_doc_says_leaves_nothing() {
+    if Host::cannot_boot() {
+        return;
+    }
+    let h = Host::boot(&[]);
+    h.install(&Install {
+        service: String::new(),
+        models: vec![toy(1, 1, 0)],
+    });
+    h.sh_ok("systemctl enable --now hearth hearth-route");
+    h.wait_status_line("toy", 1, 0);
+    let replicas = h.replica_pids("toy");
+    assert!(!replicas.is_empty());
+    // This container's install put sysusers and tmpfiles under /etc (its /usr is read-only):
+    // they go too, where the doc removes them from /usr/lib.
+    let out = h.c.sh(&format!(
+        "{}\nrm -f /etc/sysusers.d/hearth.conf /etc/tmpfiles.d/hearth.conf",
+        removal_block()
+    ));
+    eprintln!("the removal said:\n{}{}", out.stdout, out.stderr);
+    for unit in ["hearth.service", "hearth-route.service"] {
+        assert_eq!(h.show(unit, "LoadState"), "not-found", "{unit}");
+    }
+    assert_eq!(h.scopes(), Vec::<String>::new(), "scopes left");
+    for (id, pid) in &replicas {
+        assert!(!h.alive(*pid), "replica {id} (pid {pid}) left");
+    }
+    let left: Vec<String> = h
+        .ps()
+        .into_iter()
+        .map(|(_, _, _, cmd)| cmd)
+        .filter(|cmd| cmd.contains("/opt/hearth/hearth") || cmd.contains("sleep 60"))
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    for account in [
+        "passwd hearth",
+        "group hearth",
+        "group hearth-admin",
+        "group hearth-report",
+    ] {
+        let found = h.c.sh(&format!("getent {account}"));
+        assert!(!found.status.success(), "{account} left: {}", found.stdout);
+    }
+    h.sh_ok(
+        "for d in /etc/hearth /var/lib/hearth /var/cache/hearth /run/hearth \
+           /etc/systemd/system/hearth.service.d /etc/systemd/system/hearth-route.service.d; do \
+           if [ -e \"$d\" ]; then echo \"$d is left\" >&2; exit 1; fi; done",
+    );
+}
+
+/// The shell block under docs/operations.md's "Removing hearth".
+fn removal_block() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .expect("docs/operations.md");
+    let (_, after) = doc
+        .split_once("### Removing hearth")
+        .expect("docs/operations.md has \"### Removing hearth\"");
+    let (_, block) = after.split_once("```sh\n").expect("a shell block under it");
+    let (block, _) = block.split_once("```").expect("the block's end");
+    block.to_string()
 }
