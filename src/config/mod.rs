@@ -401,8 +401,18 @@ impl Config {
     /// and the control socket.
     pub fn load_on(path: &Path, checks: Checks, reach: &dyn Reach) -> Result<Config, ConfigError> {
         let text = read_file(path)?;
-        let raw = raw::read(&text, path)?;
-        validate::Cx::new(&text, path, checks)
+        Config::parse_on(&text, path, checks, reach)
+    }
+
+    /// [`Config::load_on`] for `text`, read from `path`.
+    pub fn parse_on(
+        text: &str,
+        path: &Path,
+        checks: Checks,
+        reach: &dyn Reach,
+    ) -> Result<Config, ConfigError> {
+        let raw = raw::read(text, path)?;
+        validate::Cx::new(text, path, checks)
             .with_reach(reach)
             .config(raw)
     }

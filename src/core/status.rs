@@ -48,6 +48,7 @@ impl Node {
         StatusView {
             models,
             gpus: self.gpus.views(),
+            daemon: self.daemon_view(),
         }
     }
 

@@ -87,6 +87,9 @@ impl fmt::Display for Health {
 pub struct StatusView {
     pub models: Vec<ModelView>,
     pub gpus: Vec<GpuView>,
+    /// The daemon itself: its version, its configuration file, its last upgrade.
+    #[serde(default)]
+    pub daemon: super::DaemonView,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
