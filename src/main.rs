@@ -264,7 +264,7 @@ fn daemon(path: &Path) -> ExitCode {
                 let payload = e.into_panic();
                 if let Some(i) = falling_back.as_ref().filter(|i| i.can_fall_back()) {
                     let reason =
-                        handover::failure(&format!("it panicked: {}", panic_text(&payload)));
+                        handover::failure(&format!("it panicked: {}", panic_text(&*payload)));
                     tracing::error!("{reason}: falling back to the previous binary");
                     let err = i.fall_back(&reason, &faults.fallback_env());
                     tracing::error!("{err}");

@@ -81,7 +81,7 @@ pub struct Incoming {
     listener: Mutex<Option<UnixListener>>,
     /// A second descriptor of the listening socket, for the fallback: the first may be closed
     /// by then.
-    spare: Option<OwnedFd>,
+    spare: Mutex<Option<OwnedFd>>,
     previous: Mutex<Option<OwnedFd>>,
     committed: AtomicBool,
 }
@@ -141,7 +141,7 @@ impl Incoming {
         }
         let previous = fd_from_env(PREVIOUS_EXE_FD_ENV, is_file);
         let attempt = take_env(ATTEMPT_ENV).and_then(|a| Attempt::parse(&a));
-        let fell_back = take_env(FELL_BACK_ENV);
+        let fell_back = take_env(FELL_BACK_ENV).map(|r| bounded(&r));
         let saved = match ledger::read(&path) {
             Ok(Some(s)) => Ok(s),
             Ok(None) => Err(HandoverError::Missing(path.clone())),
@@ -152,7 +152,7 @@ impl Incoming {
             attempt,
             fell_back,
             listener: Mutex::new(listener),
-            spare,
+            spare: Mutex::new(spare),
             previous: Mutex::new(previous),
             committed: AtomicBool::new(false),
         };
@@ -185,6 +185,7 @@ impl Incoming {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
         let _ = std::fs::remove_file(&self.path);
     }
 
@@ -205,7 +206,8 @@ impl Incoming {
         if let Some(a) = &self.attempt {
             env.push((ATTEMPT_ENV, a.env()));
         }
-        if let Some(s) = &self.spare {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = spare.as_ref() {
             if upgrade::keep_across_exec(s.as_raw_fd()).is_ok() {
                 env.push((LISTEN_FD_ENV, s.as_raw_fd().to_string()));
             }

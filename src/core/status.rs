@@ -48,7 +48,7 @@ impl Node {
         StatusView {
             models,
             gpus: self.gpus.views(),
-            daemon: self.daemon_view(),
+            daemon: Box::new(self.daemon_view()),
         }
     }
 

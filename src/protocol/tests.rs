@@ -236,7 +236,7 @@ fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
     let Ok(Response::Status { status }) = decode_answer(&older).unwrap() else {
         panic!("{older}");
     };
-    assert_eq!(status.daemon, crate::protocol::DaemonView::default());
+    assert_eq!(*status.daemon, crate::protocol::DaemonView::default());
 }
 
 #[test]
