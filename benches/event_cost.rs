@@ -313,6 +313,7 @@ fn run(rounds: u64) -> Bench {
                 Event::ConfigRead(Ok(Box::new(NewConfig {
                     config: c,
                     warnings: vec![],
+                    text: "".into(),
                 }))),
             );
         }

@@ -26,16 +26,20 @@ use super::effects::{Effects, Workers};
 use super::fault::Faults;
 use super::gpu_monitor::MonitorSink;
 use super::gpu_owner::Attribution;
+use super::handover::Incoming;
 use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::ledger::{Persister, Saved};
 use super::metrics::{self, Recorder};
 use super::reload::{self, Fixed, Settings};
 use super::replica_log::ReplicaLogs;
+use super::running_config::RunningConfig;
 use super::status_line::status_line;
 use super::supervisor::Supervisor;
 use super::wake::{ticker, Sources, Wake};
 use super::{probe, state, upgrade};
+
+mod upgrade_flow;
 use crate::config::Config;
 use crate::core::{Action, Adoption, Event, Ledger, Node, Time};
 use crate::protocol::Request;
@@ -78,6 +82,15 @@ pub struct Daemon {
     /// Where replicas' output goes, chosen (and `state_dir/logs` opened) before the socket is
     /// bound.
     pub logs: ReplicaLogs,
+    /// The texts `config` was read from, which an upgrade carries across.
+    pub running: RunningConfig,
+    /// What the binary before this one handed over, when `hearth upgrade` started this process.
+    pub incoming: Option<Arc<Incoming>>,
+    /// The hand-over document, read.
+    pub handover: Option<Saved>,
+    /// How the file on disk differs from `config`, where this process runs a configuration
+    /// carried across an upgrade.
+    pub config_differs: Option<String>,
 }
 
 /// The loop's state: the core, and what carries out and announces its decisions.
@@ -107,8 +120,19 @@ struct Shell {
     /// loop's own wake-up for it.
     reexec: Option<upgrade::Reexec>,
     listener_fd: std::os::fd::RawFd,
-    upgrade_due: mpsc::Sender<()>,
+    upgrade_due: mpsc::Sender<upgrade::UpgradeStep>,
+    /// An upgrade's check or exec is under way: another is refused meanwhile.
+    upgrading: bool,
     faults: Faults,
+    /// The texts behind the running configuration, and the text of the last file read for a
+    /// reload (it runs once the core applies it).
+    running: RunningConfig,
+    read_text: Option<Arc<str>>,
+    /// What this process was handed over, if an upgrade started it: committed once adopted.
+    incoming: Option<Arc<Incoming>>,
+    /// The replicas in that hand-over (id, pid, state), to tell which kept their process.
+    handed: Vec<(String, u32, crate::core::ReplicaState)>,
+    config_differs: Option<String>,
     /// The runtime's workers, where what the loop starts runs (the loop has a thread of its
     /// own: `on_own_thread`).
     workers: tokio::runtime::Handle,
@@ -132,6 +156,10 @@ impl Daemon {
             log,
             faults,
             logs,
+            running,
+            incoming,
+            handover,
+            config_differs,
         } = self;
         let clock = Clock::new();
         let (tx, rx) = inbox::channel();
@@ -157,7 +185,19 @@ impl Daemon {
         // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups); what an
         // earlier run left there is adopted where its saved ledger proves it, the rest
         // stopped, before the first replica of this run is placed.
-        let (how, saved) = upgrade::saved_state(&state_dir);
+        let (how, saved) = upgrade::saved_state(&state_dir, handover);
+        let handed: Vec<_> = match (&how, &saved) {
+            (Adoption::HandedOver, Some(s)) => {
+                // A new binary that cannot adopt falls back to the previous one (handover.rs).
+                faults.check_handover()?;
+                s.ledger
+                    .replicas
+                    .iter()
+                    .map(|r| (r.replica.clone(), r.pid, r.state))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         let (containment, adopted) = containment::start(&state_dir, saved).await?;
         match containment.stop_everything_command() {
             Some(cmd) => tracing::info!(
@@ -241,7 +281,13 @@ impl Daemon {
             reexec,
             listener_fd,
             upgrade_due,
+            upgrading: false,
             faults,
+            running,
+            read_text: None,
+            incoming,
+            handed,
+            config_differs,
             workers: tokio::runtime::Handle::current(),
         };
         on_own_thread(async move {
@@ -286,7 +332,7 @@ impl Shell {
         hup: mpsc::Receiver<()>,
         inbox: mpsc::Receiver<ShellMsg>,
         operators: mpsc::Receiver<ShellMsg>,
-        upgrade: mpsc::Receiver<()>,
+        upgrade: mpsc::Receiver<upgrade::UpgradeStep>,
     ) {
         let shell = self;
         {
@@ -357,7 +403,7 @@ impl Shell {
             }
             Wake::Hangup => self.event(Event::ReloadSignal),
             Wake::Watchdog => self.notifier.watchdog(),
-            Wake::Upgrade => self.reexecute(),
+            Wake::Upgrade(step) => self.upgrade_step(step),
             Wake::Tick => self.event(Event::Tick),
             Wake::Deadline => {
                 tracing::error!("replicas still alive past shutdown_timeout; exiting anyway");
@@ -376,6 +422,7 @@ impl Shell {
             how,
             ledger: adopted,
         });
+        self.adopted_handover();
         self.event(Event::Tick);
         // The socket listens and the start-up replicas are placed: start-up is done as far as
         // systemd is concerned. Waiting for them to warm could take longer than any sensible
@@ -423,6 +470,9 @@ impl Shell {
     /// Hands one event to the core and carries out what it asks.
     fn event(&mut self, ev: Event) {
         let now = self.clock.now();
+        if let Event::ConfigRead(Ok(new)) = &ev {
+            self.read_text = Some(new.text.clone());
+        }
         let processes_changed = matches!(
             ev,
             Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. }
@@ -443,7 +493,11 @@ impl Shell {
                     );
                 }
                 Action::ReloadDone { cause, applied } => {
+                    let text = self.read_text.take();
                     if let Some(cfg) = applied {
+                        if let Some(text) = text {
+                            self.running.applied(text);
+                        }
                         if let Some(period) = self.settings.apply(cause, &cfg, self.tick.period()) {
                             self.tick = ticker(period);
                         }
@@ -470,89 +524,6 @@ impl Shell {
         }
     }
 
-    /// `upgrade`: refused where it cannot work, else answered yes, and the re-exec comes once
-    /// the answer has had a moment to reach its connection.
-    fn upgrade_asked(&mut self, id: crate::core::RequestId) {
-        use crate::protocol::{ErrorCode, Failure, Response};
-        let refusal = if self.containment.mode() == containment::Mode::Groups {
-            Some("replicas have no cgroup here (process groups + PDEATHSIG): they would die with the old binary; restart the daemon instead".to_string())
-        } else {
-            match &self.reexec {
-                None => Some("the daemon's own binary could not be found at start".into()),
-                Some(r) => r.check().err().map(|e| format!("cannot execute {e}")),
-            }
-        };
-        let answer = match refusal {
-            Some(why) => {
-                tracing::warn!("upgrade refused: {why}");
-                Err(Failure::new(ErrorCode::Busy, why))
-            }
-            None => {
-                let tx = self.upgrade_due.clone();
-                self.tracker.spawn(async move {
-                    tokio::time::sleep(UPGRADE_ANSWER_GRACE).await;
-                    let _ = tx.send(()).await;
-                });
-                Ok(Response::Done {})
-            }
-        };
-        self.fx.apply(Action::Reply { id, answer });
-    }
-
-    /// Writes the hand-over and replaces this process with the binary on disk. Returns only if
-    /// the exec failed: the old binary then carries on, nothing lost.
-    fn reexecute(&mut self) {
-        let Some(reexec) = self.reexec.clone() else {
-            return;
-        };
-        if self.stopping {
-            return;
-        }
-        let path = super::ledger::handover_path(&self.node.config().daemon.state_dir);
-        let bytes = self.snapshot();
-        if let Err(e) = super::ledger::write_atomic(&path, &bytes) {
-            tracing::error!("upgrade: writing {}: {e}; not upgrading", path.display());
-            return;
-        }
-        if let Err(e) = upgrade::keep_across_exec(self.listener_fd) {
-            tracing::error!("upgrade: keeping the socket open: {e}; not upgrading");
-            let _ = std::fs::remove_file(&path);
-            return;
-        }
-        self.notifier.reloading();
-        tracing::info!(
-            "upgrade: re-executing {} with {} replica(s) handed over",
-            reexec.exe.display(),
-            self.node.ledger().replicas.len()
-        );
-        let mut env = vec![
-            (upgrade::HANDOVER_ENV, path.display().to_string()),
-            (upgrade::LISTEN_FD_ENV, self.listener_fd.to_string()),
-        ];
-        env.extend(self.faults.env());
-        let err = reexec.exec(&env);
-        // Still here: the exec failed. Undo, and keep running the old binary.
-        // SAFETY: as in `exec`: nothing else reads these meanwhile.
-        unsafe {
-            std::env::remove_var(upgrade::HANDOVER_ENV);
-            std::env::remove_var(upgrade::LISTEN_FD_ENV);
-            for name in Faults::names() {
-                std::env::remove_var(name);
-            }
-        }
-        let _ = std::fs::remove_file(&path);
-        let _ = nix::fcntl::fcntl(
-            unsafe { std::os::fd::BorrowedFd::borrow_raw(self.listener_fd) },
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        );
-        tracing::error!(
-            "upgrade failed: exec {}: {err}; the running binary carries on",
-            reexec.exe.display()
-        );
-        let line = self.status_line();
-        self.notifier.ready(&line);
-    }
-
     /// The ledger and the proofs, as the next run would need them now.
     fn snapshot(&self) -> Vec<u8> {
         let saved = Saved::new(self.node.ledger(), self.containment.proofs());
@@ -576,10 +547,6 @@ impl Shell {
 
 /// Work the loop does before it lets the other tasks on its thread run (see `Shell::run`).
 const TURN: Duration = Duration::from_micros(200);
-
-/// How long the answer to `upgrade` gets to reach its client before the exec closes every
-/// connection.
-const UPGRADE_ANSWER_GRACE: Duration = Duration::from_millis(100);
 
 /// The device an event is about, for the `GPU` field of what the core logs in answer.
 fn gpu_of(ev: &Event) -> Option<String> {

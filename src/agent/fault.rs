@@ -7,6 +7,10 @@
 //!   request with that op from an admin, as a deadlock would stop it: no event is taken again
 //!   and no watchdog ping is sent, so the service manager's watchdog is what ends the process
 //!   (`tests/under_systemd/`).
+//! - `HEARTH_FAULT_INJECT_FAIL_HANDOVER=panic|error`: a daemon started by `hearth upgrade`'s
+//!   re-exec fails while it adopts the hand-over (it panics, or its start returns an error), as a
+//!   new binary that cannot run would; it then falls back to the previous binary, kept open by
+//!   fd (handover.rs), without this fault: it trips once (`tests/upgrade.rs`).
 //!
 //! Only whoever starts the daemon sets its environment (root, the service manager), who can end
 //! it anyway; a socket client can only send the op, and only an admin's request (who can
@@ -27,43 +31,108 @@ use crate::protocol::{Op, Request, Role};
 pub const PANIC_ENV: &str = "HEARTH_FAULT_INJECT_PANIC_ON_OP";
 /// The op whose requests make the loop stall for good.
 pub const STALL_ENV: &str = "HEARTH_FAULT_INJECT_STALL_ON_OP";
+/// How a daemon adopting a hand-over fails.
+pub const HANDOVER_ENV: &str = "HEARTH_FAULT_INJECT_FAIL_HANDOVER";
 
 /// The faults armed in this daemon; none in production.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Faults {
     panic: Option<Op>,
     stall: Option<Op>,
+    handover: Option<HandoverFault>,
 }
+
+/// How the adoption of a hand-over fails (`HEARTH_FAULT_INJECT_FAIL_HANDOVER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoverFault {
+    Panic,
+    Error,
+}
+
+impl HandoverFault {
+    fn name(self) -> &'static str {
+        match self {
+            HandoverFault::Panic => "panic",
+            HandoverFault::Error => "error",
+        }
+    }
+}
+
+/// A fault's variable names no value it takes.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}={value:?} is not {expected}")]
+pub struct FaultError {
+    name: &'static str,
+    value: String,
+    expected: String,
+}
+
+/// The injected failure of a hand-over's adoption, as an error.
+#[derive(Debug, thiserror::Error)]
+#[error("fault injected by {HANDOVER_ENV}: the adoption of the hand-over fails")]
+pub struct HandoverFailed;
 
 /// Reads and removes `name`: None where it is not set, an error naming the variable where it
 /// does not name an op.
-fn op_from_env(name: &str) -> Result<Option<Op>, String> {
-    let Some(value) = std::env::var_os(name) else {
+fn op_from_env(name: &'static str) -> Result<Option<Op>, FaultError> {
+    let Some(text) = take_env(name) else {
         return Ok(None);
     };
+    serde_json::from_value(serde_json::Value::String(text.clone()))
+        .map(Some)
+        .map_err(|e| FaultError {
+            name,
+            value: text,
+            expected: format!("an op: {e}"),
+        })
+}
+
+/// Reads and removes `name`.
+fn take_env(name: &str) -> Option<String> {
+    let value = std::env::var_os(name)?;
     // SAFETY: at start, before the runtime's threads exist.
     unsafe { std::env::remove_var(name) };
-    let text = value.to_string_lossy();
-    serde_json::from_value(serde_json::Value::String(text.to_string()))
-        .map(Some)
-        .map_err(|e| format!("{name}={text:?} is not an op: {e}"))
+    Some(value.to_string_lossy().into_owned())
 }
 
 impl Faults {
-    /// Reads and removes both variables.
-    pub fn from_env() -> Result<Faults, String> {
+    /// Reads and removes the variables.
+    pub fn from_env() -> Result<Faults, FaultError> {
+        let handover = match take_env(HANDOVER_ENV).as_deref() {
+            None => None,
+            Some("panic") => Some(HandoverFault::Panic),
+            Some("error") => Some(HandoverFault::Error),
+            Some(other) => {
+                return Err(FaultError {
+                    name: HANDOVER_ENV,
+                    value: other.to_string(),
+                    expected: "panic or error".into(),
+                })
+            }
+        };
         Ok(Faults {
             panic: op_from_env(PANIC_ENV)?,
             stall: op_from_env(STALL_ENV)?,
+            handover,
         })
     }
 
     pub fn any(&self) -> bool {
-        self.panic.is_some() || self.stall.is_some()
+        self.panic.is_some() || self.stall.is_some() || self.handover.is_some()
     }
 
     /// What arms them again in a re-executed daemon.
     pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.fallback_env();
+        if let Some(h) = self.handover {
+            env.push((HANDOVER_ENV, h.name().to_string()));
+        }
+        env
+    }
+
+    /// What arms them again in the previous binary a failed adoption falls back to: the
+    /// hand-over's fault has tripped, and trips once.
+    pub fn fallback_env(&self) -> Vec<(&'static str, String)> {
         [(PANIC_ENV, self.panic), (STALL_ENV, self.stall)]
             .into_iter()
             .filter_map(|(name, op)| op.map(|op| (name, op.to_string())))
@@ -71,8 +140,19 @@ impl Faults {
     }
 
     /// What a re-exec that failed must take out of this process's environment again.
-    pub fn names() -> [&'static str; 2] {
-        [PANIC_ENV, STALL_ENV]
+    pub fn names() -> [&'static str; 3] {
+        [PANIC_ENV, STALL_ENV, HANDOVER_ENV]
+    }
+
+    /// While a hand-over is adopted: fails it, if armed.
+    pub fn check_handover(&self) -> Result<(), HandoverFailed> {
+        match self.handover {
+            None => Ok(()),
+            Some(HandoverFault::Panic) => {
+                panic!("fault injected by {HANDOVER_ENV}: the adoption of the hand-over panics")
+            }
+            Some(HandoverFault::Error) => Err(HandoverFailed),
+        }
     }
 
     /// Panics, or stalls for good, on the core's thread, if `request` from `peer` trips a fault.
@@ -107,6 +187,12 @@ impl std::fmt::Display for Faults {
                 "fault injection ({STALL_ENV}): the daemon's event loop stalls for good on a `{op}` request from an admin"
             ));
         }
+        if let Some(h) = self.handover {
+            said.push(format!(
+                "fault injection ({HANDOVER_ENV}={}): the adoption of a hand-over fails, once",
+                h.name()
+            ));
+        }
         write!(f, "{}; for tests only", said.join("; "))
     }
 }
@@ -127,7 +213,7 @@ mod tests {
     fn the_panic_trips_on_its_op_from_an_admin_only() {
         let f = Faults {
             panic: Some(Op::Version),
-            stall: None,
+            ..Faults::default()
         };
         assert!(trips(f, Request::Version {}, Role::Admin));
         assert!(!trips(f, Request::Gpus {}, Role::Admin));
@@ -144,8 +230,8 @@ mod tests {
     #[test]
     fn the_stall_holds_the_thread_on_its_op_from_an_admin_only() {
         let f = Faults {
-            panic: None,
             stall: Some(Op::Gpus),
+            ..Faults::default()
         };
         // Requests that do not trip it return at once.
         assert!(!trips(f, Request::Version {}, Role::Admin));
@@ -172,5 +258,23 @@ mod tests {
         );
         assert_eq!(Faults::default().env(), Vec::new());
         assert!(!Faults::default().any());
+    }
+
+    #[test]
+    fn the_handover_fault_is_handed_to_an_upgrade_and_not_to_the_fallback() {
+        let f = Faults {
+            panic: Some(Op::Gpus),
+            handover: Some(HandoverFault::Error),
+            ..Faults::default()
+        };
+        assert!(f.env().contains(&(HANDOVER_ENV, "error".to_string())));
+        assert_eq!(f.fallback_env(), vec![(PANIC_ENV, "gpus".to_string())]);
+        assert!(f.check_handover().is_err());
+        assert!(Faults::default().check_handover().is_ok());
+        let panics = Faults {
+            handover: Some(HandoverFault::Panic),
+            ..Faults::default()
+        };
+        assert!(std::panic::catch_unwind(|| panics.check_handover()).is_err());
     }
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::running_config::CarriedConfig;
 use super::state_files::Dir;
 use crate::core::Ledger;
 
@@ -21,8 +22,10 @@ use crate::core::Ledger;
 pub const FORMAT: u32 = 1;
 const FILE: &str = "replicas.json";
 const HANDOVER: &str = "handover.json";
-/// Larger files are not read: 32 replicas take about 40 KiB.
-const MAX_BYTES: u64 = 16 << 20;
+/// Larger files are not read: 32 replicas take about 40 KiB, a hand-over adds the configuration's
+/// text (at most 4 MiB, twice where a reload applied another since the start; JSON escapes can
+/// double it). A hand-over that would be larger is not written: the upgrade fails.
+pub const MAX_BYTES: u64 = 24 << 20;
 
 /// The shell's proof that a replica's leader is the process that was started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +49,10 @@ pub struct Saved {
     /// By replica id.
     #[serde(default)]
     pub proofs: BTreeMap<String, Proof>,
+    /// In a hand-over: the configuration that runs, which the new binary runs in its turn
+    /// (running_config.rs). Not in `replicas.json`: a start reads the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<CarriedConfig>,
 }
 
 impl Saved {
@@ -55,6 +62,7 @@ impl Saved {
             written_by: env!("CARGO_PKG_VERSION").to_string(),
             ledger,
             proofs,
+            config: None,
         }
     }
 }

@@ -426,6 +426,7 @@ mod tests {
             nvlink: Vec::new(),
         }];
         let text = r.render(StatusView {
+            daemon: Default::default(),
             models: vec![m, quiet],
             gpus,
         });

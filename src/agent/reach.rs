@@ -216,9 +216,15 @@ impl Reach for HostReach {
 /// are told it in `HEARTH_SOCKET`, and may run elsewhere than the daemon's directory). What
 /// `hearth daemon`, a reload and `hearth check-config` read.
 pub fn load(path: &Path, checks: Checks) -> Result<Config, ConfigError> {
-    let mut config = crate::config::load_on(path, checks, &HostReach::new(Accounts::lookup()))?;
+    load_text(path, checks).map(|(config, _)| config)
+}
+
+/// [`load`], and the text the configuration was read from (what an upgrade carries across).
+pub fn load_text(path: &Path, checks: Checks) -> Result<(Config, String), ConfigError> {
+    let text = crate::config::read_file(path)?;
+    let mut config = Config::parse_on(&text, path, checks, &HostReach::new(Accounts::lookup()))?;
     config.daemon.socket = absolute(&config.daemon.socket);
-    Ok(config)
+    Ok((config, text))
 }
 
 /// `p` from the current directory, as the daemon opens it.

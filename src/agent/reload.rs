@@ -37,7 +37,7 @@ impl Fixed {
 
     /// Keeps the running values of what cannot change live in `cfg`, so the core goes on
     /// telling replicas the socket that really listens; returns a warning for each that changed.
-    fn pin(&self, cfg: &mut Config) -> Vec<String> {
+    pub fn pin(&self, cfg: &mut Config) -> Vec<String> {
         let mut warnings = Vec::new();
         let d = &mut cfg.daemon;
         let mut check = |key: &str, changed: bool, was: String, now: String| {
@@ -99,7 +99,7 @@ pub fn start_read(
             let path = path.clone();
             let socket = fixed.daemon.socket.clone();
             move || {
-                let config = read(&path)?;
+                let (config, text) = read(&path)?;
                 // A model without `user` new in this file: its account is made now (once made,
                 // the socket gets its group, as at start), or the reload fails.
                 let accounts = super::account::Accounts::lookup();
@@ -107,7 +107,7 @@ pub fn start_read(
                     tracing::info!("{made}");
                     accounts.open_socket_to_replicas(&socket);
                 }
-                Ok(config)
+                Ok((config, text))
             }
         });
         let read = match tokio::time::timeout(READ_TIMEOUT, reading).await {
@@ -119,10 +119,14 @@ pub fn start_read(
                 READ_TIMEOUT.as_secs()
             )),
         };
-        let read = read.map(|mut config| {
+        let read = read.map(|(mut config, text)| {
             tracing::info!("{cause}: reloading {}", path.display());
             let warnings = fixed.pin(&mut config);
-            Box::new(NewConfig { config, warnings })
+            Box::new(NewConfig {
+                config,
+                warnings,
+                text: text.into(),
+            })
         });
         events.send(Event::ConfigRead(read)).await;
     });
@@ -131,9 +135,9 @@ pub fn start_read(
 /// Reads and validates the file as `hearth daemon` does at start (`reach::load`: a FIFO or
 /// anything but a regular file refused at once, the size bounded, every check down to what the
 /// replicas' accounts can reach); errors name the file (and the line and key, when the text is
-/// at fault).
-pub fn read(path: &Path) -> Result<Config, String> {
-    super::reach::load(path, Checks::Host).map_err(|e| e.to_string())
+/// at fault), and the text it was read from.
+pub fn read(path: &Path) -> Result<(Config, String), String> {
+    super::reach::load_text(path, Checks::Host).map_err(|e| e.to_string())
 }
 
 /// The daemon settings the shell owns, applied when the core says a reload is in force.

@@ -118,6 +118,7 @@ mod tests {
     #[test]
     fn the_status_line_sums_models_and_names_the_ones_in_trouble() {
         let st = StatusView {
+            daemon: Default::default(),
             models: vec![
                 model("a", [3, 1, 1, 0, 0], Health::Ok, Rollout::None),
                 model("b", [2, 1, 0, 1, 1], Health::CrashLoop, Rollout::None),
@@ -138,6 +139,7 @@ mod tests {
             "stopping: 11 replica(s) left"
         );
         let one = StatusView {
+            daemon: Default::default(),
             models: vec![model("a", [2, 1, 0, 0, 0], Health::Ok, Rollout::None)],
             gpus: vec![],
         };

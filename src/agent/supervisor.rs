@@ -34,6 +34,9 @@ fn inherited_but_private(name: &str) -> bool {
         || name == super::upgrade::HANDOVER_ENV
         || name == super::upgrade::LISTEN_FD_ENV
         || name == super::upgrade::PANIC_REEXECS_ENV
+        || name == super::handover::PREVIOUS_EXE_FD_ENV
+        || name == super::handover::ATTEMPT_ENV
+        || name == super::handover::FELL_BACK_ENV
 }
 
 struct Job {

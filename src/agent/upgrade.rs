@@ -2,17 +2,22 @@
 //! re-exec that ends a panic.
 //!
 //! The daemon re-executes itself in place: the binary now at the path it was started from, the
-//! same arguments, the same pid, so replicas stay its children. Before it does, it writes the
-//! hand-over (`state_dir/handover.json`: ledger.rs's versioned document, fsync'd) and leaves
-//! the control socket's listening descriptor open across the exec. The new binary reads the
-//! hand-over and adopts every replica in its role at once; connections waiting in the socket's
-//! backlog are answered by it, watch clients reconnect to an equal snapshot.
+//! same arguments, the same pid, so replicas stay its children. First it runs that binary with
+//! `--version` (upgrade_check.rs): one that does not answer like hearth within a few seconds is
+//! refused, and the old daemon carries on. Then it writes the hand-over (`state_dir/
+//! handover.json`: ledger.rs's versioned document with the running configuration's text,
+//! fsync'd) and leaves open across the exec the control socket's listening descriptor and its
+//! own executable. The new binary reads the hand-over, runs the configuration it carries (not
+//! the file on disk: running_config.rs) and adopts every replica in its role at once;
+//! connections waiting in the socket's backlog are answered by it, watch clients reconnect to an
+//! equal snapshot.
 //!
 //! What can go wrong falls back without a replica dying: an exec that fails leaves the old
-//! binary running; a new binary that cannot read the hand-over's format adopts after a warm-up
-//! from `replicas.json`, or stops what it cannot prove; a new binary that does not start at all
-//! leaves the replicas serving (they have no PDEATHSIG in a cgroup) until the daemon is started
-//! again and adopts them.
+//! binary running; a new binary that fails before it has adopted (it cannot read the hand-over
+//! or the configuration, its start fails, it panics) executes the old binary again, kept open
+//! (handover.rs); one that does not start at all leaves the replicas serving (they have no
+//! PDEATHSIG in a cgroup) until the daemon is started again and adopts them. Each ending is in
+//! `status.daemon.upgrade`, which `hearth upgrade` waits for.
 
 // The crate denies unsafe code; this file needs it for the re-exec: the environment and the descriptors kept across it: each block says why it is sound.
 #![allow(unsafe_code)]
@@ -35,28 +40,29 @@ pub const PANIC_REEXECS_ENV: &str = "HEARTH_PANIC_REEXECS";
 /// it, and the next run adopts the replicas all the same).
 pub const MAX_PANIC_REEXECS: u32 = 3;
 
+/// The steps of `hearth upgrade` that come back to the daemon's loop (daemon/upgrade_flow.rs).
+#[derive(Debug)]
+pub enum UpgradeStep {
+    /// The binary at `exe` answered `--version` (its version), or why not.
+    Checked {
+        id: crate::core::RequestId,
+        exe: PathBuf,
+        result: Result<String, super::upgrade_check::NotHearth>,
+    },
+    /// The answer has had its moment to reach the client: re-execute.
+    Due(super::handover::Attempt),
+}
+
 /// The state the previous run left: its hand-over (planned: roles kept) when this process is
-/// its re-exec and can read it, else the ledger it kept saving (warm-up first).
-pub fn saved_state(state_dir: &Path) -> (Adoption, Option<Saved>) {
-    if let Some(path) = std::env::var_os(HANDOVER_ENV).map(PathBuf::from) {
-        // SAFETY: at start, before any thread of ours reads the environment.
-        unsafe { std::env::remove_var(HANDOVER_ENV) };
-        let read = ledger::read(&path);
-        let _ = std::fs::remove_file(&path);
-        match read {
-            Ok(Some(s)) => {
-                tracing::info!(
-                    "taking over from the previous binary ({}): {} replica(s) handed over",
-                    s.written_by,
-                    s.ledger.replicas.len()
-                );
-                return (Adoption::HandedOver, Some(s));
-            }
-            Ok(None) => tracing::warn!("hand-over {} is missing", path.display()),
-            Err(e) => tracing::warn!(
-                "cannot use the hand-over ({e}); adopting from the saved ledger after warm-ups"
-            ),
-        }
+/// its re-exec and could read it, else the ledger it kept saving (warm-up first).
+pub fn saved_state(state_dir: &Path, handover: Option<Saved>) -> (Adoption, Option<Saved>) {
+    if let Some(s) = handover {
+        tracing::info!(
+            "taking over from the previous binary ({}): {} replica(s) handed over",
+            s.written_by,
+            s.ledger.replicas.len()
+        );
+        return (Adoption::HandedOver, Some(s));
     }
     let path = ledger::path(state_dir);
     match ledger::read(&path) {
@@ -70,33 +76,6 @@ pub fn saved_state(state_dir: &Path) -> (Adoption, Option<Saved>) {
     }
 }
 
-/// The listening socket handed over by the previous binary, if this process is its re-exec.
-pub fn inherited_listener() -> Option<std::os::unix::net::UnixListener> {
-    use std::os::fd::FromRawFd;
-    let fd: RawFd = std::env::var(LISTEN_FD_ENV).ok()?.parse().ok()?;
-    // SAFETY: at start, before any thread of ours reads the environment.
-    unsafe { std::env::remove_var(LISTEN_FD_ENV) };
-    if fd < 3 {
-        return None;
-    }
-    // The descriptor must be a listening Unix socket, not whatever happens to have that number.
-    let is_listener = nix::sys::socket::getsockopt(
-        &unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        nix::sys::socket::sockopt::AcceptConn,
-    )
-    .unwrap_or(false);
-    if !is_listener {
-        return None;
-    }
-    // SAFETY: checked to be an open listening socket that nothing else in this process owns.
-    let l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-    let _ = nix::fcntl::fcntl(
-        &l,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    );
-    Some(l)
-}
-
 /// The binary and the arguments this process was started with: what a re-exec runs. Taken at
 /// start, while /proc/self/exe still names a file (an upgrade replaces it).
 #[derive(Debug, Clone)]
@@ -108,7 +87,7 @@ pub struct Reexec {
 impl Reexec {
     pub fn current() -> Option<Reexec> {
         Some(Reexec {
-            exe: std::env::current_exe().ok()?,
+            exe: path_of_exe(std::env::current_exe().ok()?),
             args: std::env::args_os().collect(),
         })
     }
@@ -116,25 +95,7 @@ impl Reexec {
     /// Replaces this process with the binary now at `exe`, with `env` added. Returns only if
     /// the exec failed (the old binary keeps running).
     pub fn exec(&self, env: &[(&str, String)]) -> std::io::Error {
-        use std::os::unix::ffi::OsStrExt;
-        for (k, v) in env {
-            // SAFETY: the process is about to be replaced; no other thread reads the
-            // environment meanwhile in a way that matters (a failed exec leaves these set,
-            // and the supervisor never passes them to replicas).
-            unsafe { std::env::set_var(k, v) };
-        }
-        let cstr = |b: &[u8]| CString::new(b).ok();
-        let Some(exe) = cstr(self.exe.as_os_str().as_bytes()) else {
-            return std::io::Error::other("the binary's path has a NUL");
-        };
-        let args: Option<Vec<CString>> = self.args.iter().map(|a| cstr(a.as_bytes())).collect();
-        let Some(args) = args else {
-            return std::io::Error::other("an argument has a NUL");
-        };
-        match nix::unistd::execv(&exe, &args) {
-            Ok(never) => match never {},
-            Err(e) => std::io::Error::from(e),
-        }
+        exec_with(&self.exe, &self.args, env)
     }
 
     /// Whether the binary at `exe` can be executed now.
@@ -184,6 +145,58 @@ pub fn after_panic(
     env.extend(faults.env());
     let err = r.exec(&env);
     tracing::error!("re-executing after the panic failed: {err}");
+}
+
+/// The path a binary was started from. A binary whose file was replaced since (by an upgrade's
+/// rename, or a fallback to the previous binary through its descriptor) reads as "PATH
+/// (deleted)": the path is where the next upgrade looks.
+fn path_of_exe(exe: PathBuf) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let bytes = exe.as_os_str().as_bytes();
+    match bytes.strip_suffix(b" (deleted)") {
+        Some(p) if !exe.exists() => PathBuf::from(std::ffi::OsString::from_vec(p.to_vec())),
+        _ => exe,
+    }
+}
+
+/// Replaces this process with `exe`, given `args` and `env` added. Returns only if the exec
+/// failed.
+pub fn exec_with(
+    exe: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(&str, String)],
+) -> std::io::Error {
+    use std::os::unix::ffi::OsStrExt;
+    for (k, v) in env {
+        // SAFETY: the process is about to be replaced; no other thread reads the environment
+        // meanwhile in a way that matters (a failed exec leaves these set, and the supervisor
+        // never passes them to replicas).
+        unsafe { std::env::set_var(k, v) };
+    }
+    let cstr = |b: &[u8]| CString::new(b).ok();
+    let Some(exe) = cstr(exe.as_os_str().as_bytes()) else {
+        return std::io::Error::other("the binary's path has a NUL");
+    };
+    let args: Option<Vec<CString>> = args.iter().map(|a| cstr(a.as_bytes())).collect();
+    let Some(args) = args else {
+        return std::io::Error::other("an argument has a NUL");
+    };
+    match nix::unistd::execv(&exe, &args) {
+        Ok(never) => match never {},
+        Err(e) => std::io::Error::from(e),
+    }
+}
+
+/// This process's own executable, open and inherited across an exec: what a new binary that
+/// fails falls back to (handover.rs). It is the file this process runs, also once the path
+/// names another.
+pub fn open_own_exe() -> std::io::Result<std::os::fd::OwnedFd> {
+    nix::fcntl::open(
+        "/proc/self/exe",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// Clears close-on-exec on `fd` so that it survives the exec.

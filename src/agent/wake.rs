@@ -21,8 +21,8 @@ pub(super) enum Wake {
     Tick,
     /// The shutdown's last deadline passed with replicas still alive.
     Deadline,
-    /// The answer to `upgrade` has had its moment to be written: re-execute now.
-    Upgrade,
+    /// A step of `upgrade`: the new binary checked, or the answer written (re-execute now).
+    Upgrade(super::upgrade::UpgradeStep),
 }
 
 /// Where the loop's wake-ups come from, and in which order it takes them when several are ready.
@@ -38,8 +38,8 @@ pub(super) struct Sources {
     pub(super) operators_first: bool,
     /// After a shutdown began: exit even if replicas are still alive.
     pub(super) deadline: Option<tokio::time::Instant>,
-    /// The answer to `upgrade` has been written: re-execute.
-    pub(super) upgrade: mpsc::Receiver<()>,
+    /// The steps of `upgrade`.
+    pub(super) upgrade: mpsc::Receiver<super::upgrade::UpgradeStep>,
 }
 
 impl Sources {
@@ -61,7 +61,7 @@ impl Sources {
                 _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
                 _ = sleep_opt(self.deadline) => Wake::Deadline,
                 _ = tick.tick() => Wake::Tick,
-                Some(()) = self.upgrade.recv() => Wake::Upgrade,
+                Some(step) = self.upgrade.recv() => Wake::Upgrade(step),
                 Some(msg) = self.operators.recv() => Wake::Msg(msg),
                 Some(msg) = self.inbox.recv() => Wake::Msg(msg),
             }
@@ -73,7 +73,7 @@ impl Sources {
                 _ = tick_opt(&mut self.watchdog) => Wake::Watchdog,
                 _ = sleep_opt(self.deadline) => Wake::Deadline,
                 _ = tick.tick() => Wake::Tick,
-                Some(()) = self.upgrade.recv() => Wake::Upgrade,
+                Some(step) = self.upgrade.recv() => Wake::Upgrade(step),
                 Some(msg) = self.inbox.recv() => Wake::Msg(msg),
                 Some(msg) = self.operators.recv() => Wake::Msg(msg),
             }

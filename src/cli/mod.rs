@@ -6,6 +6,7 @@ mod confirm;
 mod render;
 #[cfg(test)]
 mod tests;
+mod upgrade;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -428,12 +429,11 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         (Render::Gpus { json: false }, Response::Gpus { gpus }) => {
             print_out(&gpu_table(&gpus));
         }
-        (Render::Upgrade, _) => {
-            // The old binary closes the connection as it re-executes; the new one answers on
-            // the same socket once it has taken every replica over.
-            while client.next_line().await.is_some() {}
-            return wait_upgraded(&socket).await;
+        // The new binary passed its check; the daemon re-executes, and says how that ended.
+        (Render::Upgrade, Response::Upgrading { upgrading }) => {
+            return upgrade::wait(&socket, upgrading).await;
         }
+        (Render::Upgrade, Response::Done {}) => return upgrade::wait_legacy(&socket).await,
         (Render::Stream, _) => {
             while let Some(line) = client.next_line().await {
                 if !print_out(&format!("{line}\n")) {
@@ -447,24 +447,6 @@ pub async fn client_verb(command: Command, socket: PathBuf) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
-}
-
-/// After `upgrade`: polls `version` until the new binary answers (60 s at most).
-async fn wait_upgraded(socket: &std::path::Path) -> ExitCode {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        if let Ok(mut c) = Client::connect(socket).await {
-            if let Ok(Ok(Response::Version { version, .. })) = c.ask(&Request::Version {}).await {
-                println!("upgraded: hearth {version} runs, every replica handed over");
-                return ExitCode::SUCCESS;
-            }
-        }
-        if tokio::time::Instant::now() > deadline {
-            eprintln!("hearth: the upgraded daemon did not answer within 60 s");
-            return ExitCode::from(1);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
 }
 
 fn print_json(v: &impl serde::Serialize) {

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::protocol::{GpuView, ModelView, StatusView};
+use crate::protocol::{
+    ConfigFileState, DaemonView, GpuView, ModelView, StatusView, UpgradeOutcome,
+};
 
 /// What a table shows for a value there is none of.
 pub(super) const NONE: &str = "—";
@@ -82,7 +84,7 @@ pub fn status_table(s: &StatusView) -> String {
                 .flat_map(|r| r.gpus.iter().map(String::as_str)),
         ),
     );
-    let mut out = String::new();
+    let mut out = daemon_lines(&s.daemon);
     if s.models.is_empty() {
         out.push_str("no models configured\n");
     }
@@ -92,6 +94,31 @@ pub fn status_table(s: &StatusView) -> String {
     }
     if !s.gpus.is_empty() {
         out.push_str(&gpu_rows(&s.gpus, &uuids));
+    }
+    out
+}
+
+/// What is amiss with the daemon itself, a line each: a configuration file that is not what
+/// runs, an upgrade that did not end well. Nothing when all is well.
+fn daemon_lines(d: &DaemonView) -> String {
+    let mut out = String::new();
+    let f = &d.config_file;
+    if f.state == ConfigFileState::Differs {
+        out.push_str(&format!(
+            "config file {} differs from what runs: {}\n",
+            f.path, f.reason
+        ));
+    }
+    if let Some(u) = &d.upgrade {
+        if u.outcome != UpgradeOutcome::Done || !u.not_kept.is_empty() {
+            out.push_str(&format!(
+                "last upgrade (attempt {}, to hearth {}): {}: {}; {} of {} replica(s) kept\n",
+                u.attempt, u.to_version, u.outcome, u.reason, u.kept, u.handed_over
+            ));
+        }
+    }
+    if !out.is_empty() {
+        out.push('\n');
     }
     out
 }

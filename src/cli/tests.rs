@@ -250,6 +250,7 @@ fn replica(id: &str, state: ReplicaState, pid: Option<u32>, gpus: &[&str]) -> Re
 #[test]
 fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_whole() {
     let st = StatusView {
+        daemon: Default::default(),
         models: vec![model(
             SignalView::default(),
             vec![
@@ -286,6 +287,7 @@ fn status_shows_a_dash_for_a_missing_signal_and_short_uuids_and_json_keeps_them_
         routers: Vec::new(),
     };
     let t = status_table(&StatusView {
+        daemon: Default::default(),
         models: vec![model(fresh, vec![])],
         gpus: vec![],
     });

@@ -341,6 +341,7 @@ pub struct DaemonBuilder {
     env: Vec<(String, String)>,
     wrapper: Vec<String>,
     watchdog_pid: bool,
+    own_binary: bool,
 }
 
 impl DaemonBuilder {
@@ -454,6 +455,14 @@ impl DaemonBuilder {
         self
     }
 
+    /// Runs the daemon from a copy of the `hearth` binary in its directory (`bin/hearth`), which
+    /// the test may replace ([`Daemon::replace_binary`]) before `hearth upgrade`; the replicas'
+    /// commands still name the build's binary.
+    pub fn own_binary(mut self) -> Self {
+        self.own_binary = true;
+        self
+    }
+
     /// Runs the daemon under `argv…` (which must exec it, as `unshare -m sh -c '…; exec "$@"'`).
     pub fn wrapper(mut self, argv: &[&str]) -> Self {
         self.wrapper = argv.iter().map(|s| s.to_string()).collect();
@@ -498,10 +507,20 @@ impl DaemonBuilder {
             dir,
         };
         home.write_config();
+        let binary = if self.own_binary {
+            let bin = home.dir.path().join("bin");
+            fs::create_dir_all(&bin).expect("the daemon's bin directory");
+            let copy = bin.join("hearth");
+            fs::copy(hearth(), &copy).expect("copy the hearth binary");
+            copy
+        } else {
+            hearth().to_path_buf()
+        };
         let launch = Launch {
             env: self.env,
             wrapper: self.wrapper,
             watchdog_pid: self.watchdog_pid,
+            binary,
         };
         (home, launch)
     }
@@ -524,6 +543,8 @@ pub struct Launch {
     env: Vec<(String, String)>,
     wrapper: Vec<String>,
     watchdog_pid: bool,
+    /// The binary the daemon runs.
+    binary: PathBuf,
 }
 
 impl Launch {
@@ -551,7 +572,7 @@ impl Launch {
             );
         }
         argv.extend([
-            hearth().display().to_string(),
+            self.binary.display().to_string(),
             "daemon".into(),
             "--config".into(),
         ]);
@@ -685,6 +706,7 @@ impl Daemon {
             env: Vec::new(),
             wrapper: Vec::new(),
             watchdog_pid: false,
+            own_binary: false,
         }
     }
 
@@ -695,6 +717,22 @@ impl Daemon {
 
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// The binary the daemon was started from (and `hearth upgrade` re-executes).
+    pub fn binary(&self) -> &Path {
+        &self.launch.binary
+    }
+
+    /// Puts `content` (mode `mode`) at the daemon's binary path the way an install does: written
+    /// beside it, then renamed over it, so that the running file is untouched.
+    pub fn replace_binary(&self, content: &[u8], mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.binary();
+        let new = path.with_extension("new");
+        fs::write(&new, content).expect("write the new binary");
+        fs::set_permissions(&new, fs::Permissions::from_mode(mode)).expect("chmod the new binary");
+        fs::rename(&new, path).expect("rename the new binary into place");
     }
 
     /// Changes the configuration and rewrites the file (applied at the next reload).

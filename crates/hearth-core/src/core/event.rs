@@ -240,6 +240,9 @@ pub struct NewConfig {
     /// What the file changes that only a restart can (socket, metrics, state_dir, `[gpus]`):
     /// kept at the running values, and said in the log.
     pub warnings: Vec<String>,
+    /// The file's text, which an upgrade carries across once it is applied (the shell's; the
+    /// core does not read it).
+    pub text: std::sync::Arc<str>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +284,14 @@ pub enum Event {
     /// The configuration file as the shell read it after `Action::ReadConfig`: validated, with
     /// what cannot change live pinned to the running values; or why it could not be read.
     ConfigRead(Result<Box<NewConfig>, String>),
+    /// What the shell found comparing the configuration file with what runs (after an upgrade,
+    /// which carries the running configuration across): None, the same; else how it differs.
+    ConfigFile {
+        differs: Option<String>,
+    },
+    /// How an upgrade ended, once the binary that runs after it has adopted the hand-over (or
+    /// found that its exec failed): for status.
+    Upgraded(crate::protocol::UpgradeView),
     /// The devices the inventory sees now (at start, and when it changes).
     Inventory(Vec<GpuDevice>),
     /// An XID error NVML reported for a device (or for a GPU whose MIG instances are the

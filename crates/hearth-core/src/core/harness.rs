@@ -177,6 +177,7 @@ impl Harness {
         self.send(Event::ConfigRead(Ok(Box::new(NewConfig {
             config,
             warnings: Vec::new(),
+            text: "".into(),
         }))))
     }
 

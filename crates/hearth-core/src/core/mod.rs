@@ -20,6 +20,7 @@ mod adopt_tests;
 #[cfg(test)]
 mod autoscaler_tests;
 mod capacity;
+mod daemon_facts;
 mod event;
 mod fleet;
 mod front_door;

@@ -15,7 +15,7 @@ use super::replicas::Replicas;
 use super::signal::ModelSignal;
 use super::Time;
 use crate::config::Config;
-use crate::protocol::{Endpoint, WatchEvent};
+use crate::protocol::{ConfigFileView, Endpoint, UpgradeView, WatchEvent};
 
 #[derive(Debug, Clone)]
 pub(super) struct ShutdownState {
@@ -52,6 +52,10 @@ pub struct Node {
     pub(super) started: Time,
     /// Placement went ahead without a device's first memory reading (logged once).
     pub(super) unread_warned: bool,
+    /// Whether the configuration file is what runs (daemon_facts.rs).
+    pub(super) config_file: ConfigFileView,
+    /// How the last upgrade ended, as the shell found it.
+    pub(super) upgrade: Option<UpgradeView>,
 }
 
 impl Node {
@@ -78,6 +82,11 @@ impl Node {
             .collect();
         Node {
             ports: PortPool::new(config.daemon.ports),
+            config_file: ConfigFileView {
+                path: config.path.display().to_string(),
+                ..ConfigFileView::default()
+            },
+            upgrade: None,
             config,
             models,
             replicas: Replicas::default(),
@@ -138,6 +147,8 @@ impl Node {
             } => self.port_busy(&replica, port, &holder, now, &mut out),
             Event::Usage(samples) => self.usage(samples),
             Event::Adopt { how, ledger } => self.adopt(how, ledger, now, &mut out),
+            Event::ConfigFile { differs } => self.config_file_is(differs),
+            Event::Upgraded(view) => self.upgraded(view),
             Event::Shutdown { immediate } => self.begin_shutdown(immediate, now, &mut out),
         }
         self.reconcile(now, &mut out);

@@ -123,6 +123,7 @@ impl Node {
                 ))
             }
             Err(e) => {
+                self.config_file_reloaded(Some(&e));
                 self.log_global(
                     LogLevel::Error,
                     format!("{cause}: configuration not reloaded, the running one is kept: {e}"),
@@ -138,11 +139,14 @@ impl Node {
                 ))
             }
             Ok(new) => {
-                let NewConfig { config, warnings } = *new;
+                let NewConfig {
+                    config, warnings, ..
+                } = *new;
                 for w in warnings {
                     self.log_global(LogLevel::Warn, format!("{cause}: {w}"), out);
                 }
                 self.apply_config(config, now, out);
+                self.config_file_reloaded(None);
                 out.push(Action::ReloadDone {
                     cause,
                     applied: Some(Box::new(self.config.clone())),

@@ -48,6 +48,7 @@ impl Node {
         StatusView {
             models,
             gpus: self.gpus.views(),
+            daemon: Box::new(self.daemon_view()),
         }
     }
 

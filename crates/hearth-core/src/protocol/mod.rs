@@ -6,6 +6,7 @@
 //! (`decode_answer`). The wire form is docs/design.md's: `{"ok":true,...}`, or
 //! `{"ok":false,"error":"CODE","message":"…"}`.
 
+mod daemon_view;
 mod views;
 
 use std::fmt;
@@ -13,6 +14,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use daemon_view::{
+    ConfigFileState, ConfigFileView, DaemonView, UpgradeOutcome, UpgradePlan, UpgradeView,
+};
 pub use views::{
     Endpoint, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView, RolloutView,
     ScaleView, SignalView, StatusView, WatchEvent, WatchedState,
@@ -327,6 +331,10 @@ pub enum Response {
     /// `report` that was answered but not recorded: front doors hold the model's signal
     /// (docs/front-door.md). `{"ok":true,"superseded_by":["hearth route …"]}`
     Superseded { superseded_by: Vec<String> },
+    /// `upgrade`, once the new binary answered its check:
+    /// `{"ok":true,"upgrading":{"attempt":N,"version":"…","binary":"…"}}`; the daemon then
+    /// re-executes, and `status.daemon.upgrade` says how that ended.
+    Upgrading { upgrading: UpgradePlan },
     /// Every other op: `{"ok":true}`
     Done {},
 }

@@ -210,7 +210,7 @@ fn answers_are_design_s_lines_and_read_back() {
 
 #[test]
 fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
-    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"drained":false,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[]}}"#;
+    let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"drained":false,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[],"daemon":{"version":"0.1.0","config_file":{"path":"/etc/hearth/config.toml","state":"differs","reason":"edited, not reloaded"},"upgrade":{"attempt":7,"outcome":"fell_back","to_version":"0.2.0","reason":"it panicked","handed_over":2,"kept":2,"not_kept":[]}}}}"#;
     let answer = decode_answer(line).unwrap();
     let Ok(Response::Status { status }) = &answer else {
         panic!("{answer:?}");
@@ -229,7 +229,31 @@ fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
         rollout.to_string(),
         "rolling out version 2 (from 1): 0 routed replica(s) updated"
     );
+    assert_eq!(status.daemon.config_file.state, ConfigFileState::Differs);
+    let upgrade = status.daemon.upgrade.as_ref().unwrap();
+    assert_eq!(upgrade.outcome, UpgradeOutcome::FellBack);
     assert_eq!(encode_answer(&answer), line, "and back, byte for byte");
+    // A daemon before `daemon` was in status: read as the defaults.
+    let older = line.replace(&line[line.find(r#","daemon""#).unwrap()..], "}}");
+    let Ok(Response::Status { status }) = decode_answer(&older).unwrap() else {
+        panic!("{older}");
+    };
+    assert_eq!(*status.daemon, crate::protocol::DaemonView::default());
+}
+
+#[test]
+fn an_upgrade_answer_names_its_attempt() {
+    let answer = Ok(Response::Upgrading {
+        upgrading: crate::protocol::UpgradePlan {
+            attempt: 1_700_000_000_000_000_001,
+            version: "0.2.0".into(),
+            binary: "/opt/hearth/hearth".into(),
+        },
+    });
+    round_trip(
+        answer,
+        r#"{"ok":true,"upgrading":{"attempt":1700000000000000001,"version":"0.2.0","binary":"/opt/hearth/hearth"}}"#,
+    );
 }
 
 #[test]

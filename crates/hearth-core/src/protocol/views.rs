@@ -87,6 +87,10 @@ impl fmt::Display for Health {
 pub struct StatusView {
     pub models: Vec<ModelView>,
     pub gpus: Vec<GpuView>,
+    /// The daemon itself: its version, its configuration file, its last upgrade (boxed: an
+    /// answer is moved whole through the connection's queue).
+    #[serde(default)]
+    pub daemon: Box<super::DaemonView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -210,6 +210,7 @@ impl World {
                     Some(c) => Ok(Box::new(NewConfig {
                         config: c.clone(),
                         warnings: vec![],
+                        text: "".into(),
                     })),
                     None => Err("prop.toml:1: x: bad".to_string()),
                 };

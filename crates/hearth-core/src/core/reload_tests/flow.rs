@@ -16,6 +16,7 @@ fn read_ok(toml: &str, warnings: &[&str]) -> Event {
     Event::ConfigRead(Ok(Box::new(NewConfig {
         config,
         warnings: warnings.iter().map(|w| w.to_string()).collect(),
+        text: "".into(),
     })))
 }
 
