@@ -29,6 +29,7 @@ mod duplicate;
 mod placeholders;
 mod raw;
 pub mod route;
+pub mod sleep;
 mod validate;
 
 #[cfg(test)]
@@ -107,6 +108,8 @@ pub struct DaemonConfig {
     pub shutdown_timeout: Duration,
     /// tracing filter directive used when RUST_LOG is not set, e.g. "info" or "hearth=debug".
     pub log_level: String,
+    /// What sleeping replicas may hold in host RAM, all together (bytes); None: not bounded.
+    pub host_memory: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +192,11 @@ pub struct ModelConfig {
     pub liveness: Option<LivenessConfig>,
     pub signal: Option<SignalConfig>,
     pub scaling: ScalingConfig,
+    /// `[model.sleep]`: its replicas can sleep (a tier between warm and stopped).
+    pub sleep: Option<sleep::SleepConfig>,
+    /// `pin = true`: its replicas are never reclaimed nor put to sleep for another model (and a
+    /// pinned model has no `[model.sleep]`).
+    pub pin: bool,
 }
 
 /// What makes a replica what it is: a change rolls the model over; anything added here takes

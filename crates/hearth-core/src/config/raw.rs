@@ -70,6 +70,7 @@ pub(super) struct RawDaemon {
     pub metrics: Opt<String>,
     pub shutdown_timeout: Opt<String>,
     pub log_level: Opt<String>,
+    pub host_memory: Opt<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -109,6 +110,7 @@ pub(super) struct RawModel {
     pub device_naming: Opt<String>,
     pub start_alone: Opt<bool>,
     pub priority: Opt<i32>,
+    pub pin: Opt<bool>,
     pub slots: Opt<i64>,
     pub stop_grace: Opt<String>,
     pub prefetch: Opt<Vec<String>>,
@@ -116,6 +118,42 @@ pub(super) struct RawModel {
     pub liveness: Opt<RawLiveness>,
     pub signal: Opt<RawSignal>,
     pub scaling: Opt<RawScaling>,
+    pub sleep: Opt<RawSleep>,
+}
+
+/// `[model.sleep]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawSleep {
+    pub format: Opt<String>,
+    pub level: Opt<i64>,
+    pub sleep: Opt<Vec<Spanned<RawSleepRequest>>>,
+    pub wake: Opt<Vec<Spanned<RawSleepRequest>>>,
+    pub state: Opt<RawStateRequest>,
+    pub host_memory: Opt<String>,
+    pub gpu_memory_asleep: Opt<String>,
+    pub wake_timeout: Opt<String>,
+    pub sleep_timeout: Opt<String>,
+    pub idle_to_sleep: Opt<String>,
+}
+
+/// One request of `[[model.sleep.sleep]]` or `[[model.sleep.wake]]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawSleepRequest {
+    pub method: Opt<String>,
+    pub url: Opt<String>,
+    pub body: Opt<String>,
+}
+
+/// `[model.sleep.state]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawStateRequest {
+    pub method: Opt<String>,
+    pub url: Opt<String>,
+    pub body: Opt<String>,
+    pub asleep: Opt<String>,
 }
 
 #[derive(Deserialize)]

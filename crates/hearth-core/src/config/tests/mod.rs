@@ -6,6 +6,7 @@ mod fuzz;
 mod launch;
 mod placeholders;
 mod route;
+mod sleep;
 mod values;
 
 use std::path::Path;

@@ -8,6 +8,7 @@ pub(in crate::config) mod fit;
 mod host;
 mod model;
 mod route;
+mod sleep;
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -344,6 +345,10 @@ impl<'a> Cx<'a> {
                 Duration::from_secs(60),
             )?,
             log_level: text(&raw.log_level, "daemon.log_level", "info", true)?,
+            host_memory: match &raw.host_memory {
+                None => None,
+                Some(s) => Some(self.size("daemon.host_memory", s)?),
+            },
         })
     }
 

@@ -145,6 +145,21 @@ impl Cx<'_> {
             Some(s) => Some(self.signal(&k("signal"), s, &mut urls)?),
         };
         let scaling = self.scaling(&k("scaling"), &raw.scaling)?;
+        let pin = raw.pin.as_ref().is_some_and(|v| *v.get_ref());
+        let sleep = match &raw.sleep {
+            None => None,
+            Some(s) => Some(self.sleep(
+                &k("sleep"),
+                s,
+                super::sleep::Owner {
+                    key: p,
+                    gpu_memory,
+                    command: command.get_ref(),
+                    pin: raw.pin.as_ref().filter(|_| pin).map(|v| Some(v.span())),
+                },
+                &mut urls,
+            )?),
+        };
         let min_at = raw
             .scaling
             .as_ref()
@@ -204,6 +219,8 @@ impl Cx<'_> {
             liveness,
             signal,
             scaling,
+            sleep,
+            pin,
         };
         Ok((config, marks))
     }
@@ -240,7 +257,7 @@ impl Cx<'_> {
     }
 
     /// A URL of the model: checked now, and remembered for the `{port}` check.
-    fn model_url(
+    pub(super) fn model_url(
         &self,
         key: String,
         raw: &Spanned<String>,

@@ -150,6 +150,8 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
         liveness,
         signal,
         scaling,
+        sleep,
+        pin,
     } = c.clone();
     let with = |f: &dyn Fn(&mut ModelConfig)| {
         let mut m = c.clone();
@@ -195,6 +197,27 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
                     target_wait: scaling.target_wait * 2,
                     down_stabilization: scaling.down_stabilization * 2,
                     ..scaling.clone()
+                }
+            }),
+        ),
+        ("pin", with(&|m| m.pin = !pin)),
+        (
+            "sleep",
+            with(&|m| {
+                m.sleep = match &sleep {
+                    Some(_) => None,
+                    None => Some(crate::config::sleep::SleepConfig {
+                        format: Some(crate::config::sleep::SleepFormat::Sglang),
+                        level: 1,
+                        sleep: Vec::new(),
+                        wake: Vec::new(),
+                        state: None,
+                        host_memory: 0,
+                        gpu_memory_asleep: 1 << 29,
+                        wake_timeout: Duration::from_secs(60),
+                        sleep_timeout: Duration::from_secs(60),
+                        idle_to_sleep: None,
+                    }),
                 }
             }),
         ),
