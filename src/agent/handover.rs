@@ -13,6 +13,9 @@
 //! (SIGKILL, a crash of the process) cannot fall back: its replicas keep serving until the
 //! daemon is started again and adopts them from `replicas.json`.
 
+// The crate denies unsafe code; this file needs it for the descriptors kept across the exec (taken by number) and the environment, cleared at start: each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
