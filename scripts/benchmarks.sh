@@ -73,11 +73,11 @@ figures came from is described with each; on another the figures differ, the com
 | --- | --- | --- |
 | Simulator (this part, down to the grid), `docs/azure-conv.svg` | `scripts/benchmarks.sh` (one table: `hearth simulate --config examples/simulate.toml --model llm --scenario NAME --markdown`, `--rate-mult 4` for ×4) | the traces in `data/traces` |
 | The grid | `hearth simulate --grid --markdown --jobs 2` | as above |
-| Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test autoscale -- --nocapture` | root (the admin role) |
+| Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test autoscale -- --nocapture` | |
 | Front door | `scripts/route-bench.sh 3 8` (`ROUTE_BENCH_HEARTH=PATH` for another build) | `apt-get install nginx wrk` (as root the replicas run as the account `hearth`, which the daemon makes) |
 | Replay through the front door | `cargo test --release --test route_replay -- --nocapture` | |
 | Chaos | `cargo test --release --test chaos -- --nocapture` | root, a writable cgroup v2 |
-| Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` for a before/after) | root (hostile connections from 8 users) |
+| Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` for a before/after) | root for the hostile connections to come from 8 users (else from one) |
 | The worst cost of one event | `cargo bench --bench event_cost` (`-- --repeat 5`) | |
 | Replicas outliving the daemon | `cargo bench --bench outlive` | root, a writable cgroup v2 |
 | The front door under starvation attacks | `cargo bench --bench route_starve` | `ulimit -n` of 12,000 or more (10,000 idle connections, held at both ends) |

@@ -3,10 +3,14 @@
 # directly and against nginx as a plain reverse proxy, in the same run; and its memory per queued
 # request. Prints the figures (BENCHMARKS.md, "Front door", records a run).
 #
-# Needs nginx and wrk from Debian: apt-get install nginx wrk
+# Needs nginx and wrk from Debian: apt-get install nginx wrk (nothing else: as root, the replicas
+# run as the unprivileged account hearth, which the daemon makes on a fresh machine)
 #   scripts/route-bench.sh [ROUNDS] [SECONDS]      (default 3 rounds of 8 s per point)
+#   scripts/route-bench.sh 1 2                     (its smoke run, about 40 s; CI runs it)
 #   ROUTE_BENCH_HEARTH=/path/to/hearth scripts/route-bench.sh …   (that binary, not a fresh build:
 #   to compare two builds back to back in one sitting)
+#   ROUTE_BENCH_POINTS="1 64p" (default "1 64 256 64p 256p": clients, p for paced),
+#   ROUTE_BENCH_QUEUED=N (default 2000: requests queued for the memory figure)
 #
 # Setup: the real daemon runs one replica of a model whose server is nginx answering a fixed
 # completion (the fastest server there is, so that what is measured is the proxies); the router
