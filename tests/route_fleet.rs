@@ -98,8 +98,13 @@ impl Clients {
 }
 
 fn fleet_with_haproxy() -> Fleet {
+    fleet_with_haproxy_and(|_| String::new())
+}
+
+/// The fleet behind HAProxy on the example's file, with `extra(fleet)` appended to it.
+fn fleet_with_haproxy_and(extra: impl Fn(&Fleet) -> String) -> Fleet {
     let mut fleet = Fleet::start(3);
-    let cfg = fleet.haproxy_cfg();
+    let cfg = fleet.haproxy_cfg() + &extra(&fleet);
     fleet.start_haproxy(&cfg);
     fleet
 }
@@ -109,7 +114,17 @@ fn haproxy_reads_ready_saturated_drained_maintenance_and_stopping_from_the_agent
     if !needs_fleet_tools() {
         return;
     }
-    let mut fleet = fleet_with_haproxy();
+    // Beside the example's backends, one for a model no host has: its agent says `down`.
+    let mut fleet = fleet_with_haproxy_and(|f| {
+        let h = &f.hosts[0];
+        format!(
+            "\nbackend ghost\n    server h1 {} check inter 1s agent-check agent-inter 1s \
+             agent-port {} agent-send \"ghost\\n\"\n",
+            h.listen,
+            h.agent.port()
+        )
+    });
+    fleet.wait_server("ghost", 0, "down by its agent", WAIT, |s| s.op_state == 0);
     // Ready: 2 routed × 4 free slots + 1 warm × 4, of max 6 × 4 = 24: HAProxy's weight 12.
     for i in 0..3 {
         fleet.wait_server("toy", i, "ready at weight 12 of 24", WAIT, |s| {
@@ -118,7 +133,7 @@ fn haproxy_reads_ready_saturated_drained_maintenance_and_stopping_from_the_agent
     }
     assert_eq!(
         fleet.hosts[0].agent("nope\n").unwrap(),
-        "down#unknown model nope\n"
+        "down #unknown model nope\n"
     );
 
     // Saturated: clients straight at host 1's front door hold every slot it has and queue;

@@ -79,7 +79,8 @@ impl fmt::Display for Answer {
             Answer::Ready { weight, maxconn } => write!(f, "up ready {weight}% maxconn:{maxconn}"),
             Answer::Drain => f.write_str("up drain"),
             Answer::Maint => f.write_str("up maint"),
-            Answer::Down(why) => write!(f, "down#{why}"),
+            // HAProxy reads a description only after a space: "down#x" is no answer at all.
+            Answer::Down(why) => write!(f, "down #{why}"),
         }
     }
 }

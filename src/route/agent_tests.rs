@@ -136,7 +136,7 @@ fn a_daemon_gone_past_stale_after_is_maintenance() {
 
 #[test]
 fn unknown_model_is_down_with_a_bounded_printable_reason() {
-    assert_eq!(line(&unknown_answer("nope")), "down#unknown model nope");
+    assert_eq!(line(&unknown_answer("nope")), "down #unknown model nope");
     let hostile = format!("a\u{7}b\n{}", "x".repeat(500));
     let l = line(&unknown_answer(&hostile));
     assert!(l.len() < 100, "{l}");
@@ -157,7 +157,7 @@ fn a_model_nothing_can_serve_is_down() {
         warm: 0,
         can_start: false,
     });
-    assert!(line(&model_answer("m", &m, 1)).starts_with("down#m: no replica"));
+    assert!(line(&model_answer("m", &m, 1)).starts_with("down #m: no replica"));
     // Before the daemon said anything of it, with nothing routed: the same.
     m.capacity = None;
     assert!(matches!(model_answer("m", &m, 1), Answer::Down(_)));
