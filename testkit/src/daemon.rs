@@ -624,7 +624,26 @@ pub(crate) fn spawn_marked(cmd: &mut Command, home: &Home, out: &Path, err: &Pat
             Ok(())
         });
     }
-    cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"))
+    // A binary a test has just copied can be "busy" for a moment: another test thread's child,
+    // forked while the copy was open for writing, holds that descriptor until it execs. Wait for
+    // it (bounded) rather than fail the test.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(libc_etxtbsy())
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.unwrap_or_else(|e| panic!("start {cmd:?}: {e}")),
+        }
+    }
+}
+
+/// ETXTBSY, "text file busy".
+fn libc_etxtbsy() -> i32 {
+    nix::errno::Errno::ETXTBSY as i32
 }
 
 /// A log file a process appends to: a restarted process's lines follow the earlier run's.
