@@ -34,7 +34,7 @@ if [ -n "${ROUTE_BENCH_HEARTH:-}" ]; then
   hearth=$(realpath "$ROUTE_BENCH_HEARTH")
 else
   cargo build --release --quiet
-  hearth=$PWD/${CARGO_TARGET_DIR:-target}/release/hearth
+  hearth=$(realpath "${CARGO_TARGET_DIR:-target}/release/hearth")
 fi
 dir=$(mktemp -d /tmp/route-bench.XXXXXX)
 pids=()
