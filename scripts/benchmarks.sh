@@ -75,10 +75,12 @@ figures came from is described with each; on another the figures differ, the com
 | The grid | `hearth simulate --grid --markdown --jobs 2` | as above |
 | Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test autoscale -- --nocapture` | |
 | Front door | `scripts/route-bench.sh 3 8` (`ROUTE_BENCH_HEARTH=PATH` for another build) | `apt-get install nginx wrk` (as root the replicas run as the account `hearth`, which the daemon makes) |
+| Fleet: HAProxy with the agents' weights against its own balancing | `scripts/fleet-bench.sh` (30 s per policy) | `apt-get install haproxy` |
+| Fleet: CPU per agent check | `cargo bench --bench agent_check` | |
 | Replay through the front door | `cargo test --release --test route_replay -- --nocapture` | |
 | Chaos | `cargo test --release --test chaos -- --nocapture` | root, a writable cgroup v2 |
-| Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` for a before/after) | root for the hostile connections to come from 8 users (else from one) |
-| The worst cost of one event | `cargo bench --bench event_cost` (`-- --repeat 5`) | |
+| Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` runs another build first, for a comparison in one run) | root for the hostile connections to come from 8 users (else from one) |
+| The worst cost of one event | `cargo bench --bench event_cost -- --repeat 5` | |
 | Replicas outliving the daemon | `cargo bench --bench outlive` | root, a writable cgroup v2 |
 | The front door under starvation attacks | `cargo bench --bench route_starve` | `ulimit -n` of 12,000 or more (10,000 idle connections, held at both ends) |
 | Not recorded here: warm-up detection delay, the scraped wait against the true one, watchdog pings, weight prefetch, the router's JSON check | `cargo bench --bench warm_delay`, `scrape_wait`, `watchdog`, `prefetch`, `json_check` (each prints its goal beside its figure) | `scrape_wait`: llama.cpp's server (`scripts/real-model.sh`, made on first use); `prefetch`: 2 GiB of disk, root to drop the page cache |
