@@ -73,12 +73,12 @@ figures came from is described with each; on another the figures differ, the com
 | --- | --- | --- |
 | Simulator (this part, down to the grid), `docs/azure-conv.svg` | `scripts/benchmarks.sh` (one table: `hearth simulate --config examples/simulate.toml --model llm --scenario NAME --markdown`, `--rate-mult 4` for ×4) | the traces in `data/traces` |
 | The grid | `hearth simulate --grid --markdown --jobs 2` | as above |
-| Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test autoscale -- --nocapture` | |
+| Agent benchmarks | `cargo bench --bench report_to_routed` (`-- --reset scale`), `report_throughput`, `idle_footprint`, `report_core`; `cargo test --release --test agent autoscale -- --nocapture` | |
 | Front door | `scripts/route-bench.sh 3 8` (`ROUTE_BENCH_HEARTH=PATH` for another build) | `apt-get install nginx wrk` (as root the replicas run as the account `hearth`, which the daemon makes) |
 | Fleet: HAProxy with the agents' weights against its own balancing | `scripts/fleet-bench.sh` (30 s per policy) | `apt-get install haproxy` |
 | Fleet: CPU per agent check | `cargo bench --bench agent_check` | |
-| Replay through the front door | `cargo test --release --test route_replay -- --nocapture` | |
-| Chaos | `cargo test --release --test chaos -- --nocapture` | root, a writable cgroup v2 |
+| Replay through the front door | `cargo test --release --test route replay -- --nocapture` | |
+| Chaos | `cargo test --release --test processes chaos -- --nocapture` | root, a writable cgroup v2 |
 | Hardening: `status` under reporters, hostile connections | `cargo bench --bench hardening` (`-- --baseline PATH` runs another build first, for a comparison in one run) | root for the hostile connections to come from 8 users (else from one) |
 | The worst cost of one event | `cargo bench --bench event_cost -- --repeat 5` | |
 | Replicas outliving the daemon | `cargo bench --bench outlive` | root, a writable cgroup v2 |

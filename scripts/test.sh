@@ -3,7 +3,7 @@
 #   scripts/test.sh
 # On a fresh Debian machine, as root (as CI runs it), it installs the Debian packages the tests run
 # (python3 with venv, util-linux's unshare/setsid/fincore, procps's kill, diffutils, haproxy and
-# prometheus for tests/route_fleet.rs); as another
+# prometheus for tests/route/fleet.rs); as another
 # user it names what is missing and stops. Then it prepares llama.cpp's server with a tiny model
 # (scripts/real-model.sh) and a Python with the official openai client (PyPI), and runs
 #   cargo test --release --workspace -- --test-threads 4
@@ -43,11 +43,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# llama.cpp's server and the tiny model (tests/real_model.rs, scrape_llamacpp.rs, route_openai.rs).
+# llama.cpp's server and the tiny model (tests/real_model/serve.rs, scrape_llamacpp.rs, route_openai.rs).
 scripts/real-model.sh "$target/real-model"
 export HEARTH_REAL_MODEL_DIR=$target/real-model
 
-# The official openai client (tests/route_openai.rs).
+# The official openai client (tests/route/openai.rs).
 venv=$target/openai-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r scripts/requirements-openai.txt

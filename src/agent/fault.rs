@@ -2,7 +2,7 @@
 //! to happen on request so that a test can show what it leads to with the real binary.
 //!
 //! - `HEARTH_FAULT_INJECT_PANIC_ON_OP=<op>`: the core's loop panics on every request with that
-//!   op from an admin (the daemon re-executes and adopts: `tests/panic_reexec.rs`).
+//!   op from an admin (the daemon re-executes and adopts: `tests/processes/panic_reexec.rs`).
 //! - `HEARTH_FAULT_INJECT_STALL_ON_OP=<op>`: the core's loop stops, for good, on the first
 //!   request with that op from an admin, as a deadlock would stop it: no event is taken again
 //!   and no watchdog ping is sent, so the service manager's watchdog is what ends the process
@@ -10,7 +10,7 @@
 //! - `HEARTH_FAULT_INJECT_FAIL_HANDOVER=panic|error`: a daemon started by `hearth upgrade`'s
 //!   re-exec fails while it adopts the hand-over (it panics, or its start returns an error), as a
 //!   new binary that cannot run would; it then falls back to the previous binary, kept open by
-//!   fd (handover.rs), without this fault: it trips once (`tests/upgrade.rs`).
+//!   fd (handover.rs), without this fault: it trips once (`tests/processes/upgrade.rs`).
 //!
 //! Only whoever starts the daemon sets its environment (root, the service manager), who can end
 //! it anyway; a socket client can only send the op, and only an admin's request (who can

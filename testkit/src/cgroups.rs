@@ -1,6 +1,6 @@
 //! A test daemon's replica cgroups, as hearth's containment lays them out without systemd:
 //! `MOUNT/INSTANCE/REPLICA` with MOUNT the cgroup2 mount and INSTANCE derived from the daemon's
-//! state_dir (`hearth-` and the path's FNV-1a hash; `tests/harness.rs` checks this against the
+//! state_dir (`hearth-` and the path's FNV-1a hash; `tests/cli/harness.rs` checks this against the
 //! daemon's own log line). For counting a replica's processes and for the cleanup.
 
 use std::fs;

@@ -36,7 +36,7 @@ const PRIVATE_ENV: [&str; 6] = [
 ];
 
 /// A daemon's directory (socket, state, config, logs), its ports and its reaper, before and
-/// while it runs. An in-process daemon (tests/gpu.rs) keeps one alive for its lifetime.
+/// while it runs. An in-process daemon (tests/agent/gpu.rs) keeps one alive for its lifetime.
 pub struct Home {
     // Dropped in this order: the sweep, then the ports (free once nothing holds them), then the
     // directory.

@@ -71,7 +71,7 @@ pub use wait::{poll, wait_until, POLL};
 pub use watch::{endpoint_ids, endpoints, replica_event, Ev, Watch};
 
 /// The `hearth` binary cargo built beside the test or bench that runs: test and bench binaries
-/// live in `target/<profile>/deps/`, the binary in `target/<profile>/`. (`tests/harness.rs`
+/// live in `target/<profile>/deps/`, the binary in `target/<profile>/`. (`tests/cli/harness.rs`
 /// checks that this is `CARGO_BIN_EXE_hearth`.)
 pub fn hearth() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -444,7 +444,7 @@ fn a_root_daemon_whose_models_all_name_their_account_makes_none() {
 }
 
 /// A program in a directory only root may enter (0700), for a model without `user`: the
-/// daemon refuses to start (check-config's refusal: tests/check_config.rs). Started while the
+/// daemon refuses to start (check-config's refusal: tests/cli/check_config.rs). Started while the
 /// directory was open and closed later, the starts fail: the model is `unavailable` (nothing
 /// routed, none can be) with the directory named, until the crash loop trips.
 #[test]

@@ -360,7 +360,7 @@ fn request_bodies_together_stay_within_max_buffered() {
     let (daemon, router, addr) = front_door(
         [Model::front_toy("b", &["--service-time", "3s"]).scale(1, 1, 0)],
         // The test's address is trusted (a balancer's), so that the global bound is what is
-        // shown here (the per-address bound: tests/route_limits.rs).
+        // shown here (the per-address bound: tests/route/limits.rs).
         "max_body = \"4KiB\"\nmax_buffered = \"8KiB\"\ntrusted_proxies = [\"127.0.0.1\"]\n",
     );
     daemon.wait_routed("b", 1, T);

@@ -58,7 +58,7 @@ fn sigterm_stops_every_replica_removes_the_socket_and_exits_0() {
 
 /// Without a cgroup (process groups only) a replica could not be found again by the next run,
 /// so it dies with the daemon (PDEATHSIG). In a cgroup it outlives the daemon and is adopted
-/// (tests/outlive.rs).
+/// (tests/processes/outlive.rs).
 #[test]
 fn without_a_cgroup_sigkill_of_the_daemon_leaves_no_replica_alive_2s_later() {
     let mut d = Daemon::builder()

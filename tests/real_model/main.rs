@@ -1,0 +1,5 @@
+//! llama.cpp's real server with a tiny model (scripts/real-model.sh): served through hearth, and
+//! its queue scraped. One binary per area of the integration tests (tests/README.md).
+
+mod scrape_llamacpp;
+mod serve;
