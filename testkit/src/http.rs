@@ -1,27 +1,40 @@
 //! HTTP/1.1 to replicas and servers on loopback, one request per connection, as a client or a
-//! router would send it.
+//! router would send it: the shapes tests ask for most, over the one client of
+//! `crate::route` (route/http.rs).
 
-use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io;
+use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// An answer: status, the header lines, the body.
+use crate::route::{send, Resp};
+
+/// An answer: status, the header lines, the body as text.
 #[derive(Debug, Clone)]
 pub struct HttpReply {
     pub status: u16,
-    pub head: String,
+    pub headers: Vec<(String, String)>,
     pub body: String,
 }
 
 impl HttpReply {
     /// The first header called `name` (any case), trimmed.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl From<Resp> for HttpReply {
+    fn from(r: Resp) -> Self {
+        HttpReply {
+            status: r.status,
+            body: String::from_utf8_lossy(&r.body).into_owned(),
+            headers: r.headers,
+        }
     }
 }
 
@@ -38,32 +51,14 @@ pub fn http(
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::other(format!("no address for {addr}")))?;
-    let mut s = TcpStream::connect_timeout(&sa, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("no status in {head:?}")))?;
-    Ok(HttpReply {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
-    })
+    let headers: &[(&str, &str)] = match body {
+        Some(_) => &[("Content-Type", "application/json")],
+        None => &[],
+    };
+    let body = body.unwrap_or("").as_bytes();
+    Ok(send(sa, method, path, headers, body, timeout)?
+        .whole()?
+        .into())
 }
 
 /// A completion request like a client's, to a toy server (or any OpenAI-shaped server).

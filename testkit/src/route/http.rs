@@ -155,7 +155,7 @@ pub fn send(
     body: &[u8],
     timeout: Duration,
 ) -> io::Result<Streaming> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(5)))?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");

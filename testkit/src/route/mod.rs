@@ -1,4 +1,4 @@
-//! The front door's tests (`tests/route_*.rs`): the real `hearth route` process ([`Router`]) on
+//! The front door's tests (`tests/route/`): the real `hearth route` process ([`Router`]) on
 //! the crate's [`Daemon`]'s own configuration file (its `[route]` table,
 //! [`DaemonBuilder::route`]), replicas that take seconds or stream ([`Model::front_toy`],
 //! [`Model::streaming`]), and a plain HTTP/1.1 client that reads answers as they arrive.
