@@ -31,7 +31,7 @@ use super::inbox::{self, EventSink, ShellMsg};
 use super::inventory::Inventory;
 use super::ledger::{Persister, Saved};
 use super::metrics::{self, Recorder};
-use super::reload::{self, Fixed, Settings};
+use super::reload::{self, RestartOnly, Settings};
 use super::replica_log::ReplicaLogs;
 use super::running_config::RunningConfig;
 use super::status_line::status_line;
@@ -102,7 +102,7 @@ struct Shell {
     tick: tokio::time::Interval,
     /// The shell's side of reloads: where the file is, what it may not change, what it applies.
     config_path: PathBuf,
-    fixed: Arc<Fixed>,
+    restart_only: Arc<RestartOnly>,
     settings: Settings,
     events: EventSink,
     tracker: TaskTracker,
@@ -269,7 +269,7 @@ impl Daemon {
             notifier,
             tick: ticker(config.daemon.tick),
             config_path,
-            fixed: Arc::new(Fixed::new(&config)),
+            restart_only: Arc::new(RestartOnly::new(&config)),
             settings: Settings { log, access },
             events,
             tracker: tracker.clone(),
@@ -486,7 +486,7 @@ impl Shell {
                     self.notifier.reloading();
                     reload::start_read(
                         self.config_path.clone(),
-                        self.fixed.clone(),
+                        self.restart_only.clone(),
                         cause,
                         self.events.clone(),
                         &self.tracker,

@@ -22,14 +22,14 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a reload may not change without a restart: the socket and the metrics listener are
 /// bound, the state directory was read, the inventory was opened at start.
 #[derive(Debug)]
-pub struct Fixed {
+pub struct RestartOnly {
     daemon: DaemonConfig,
     gpus: GpusConfig,
 }
 
-impl Fixed {
-    pub fn new(running: &Config) -> Fixed {
-        Fixed {
+impl RestartOnly {
+    pub fn new(running: &Config) -> RestartOnly {
+        RestartOnly {
             daemon: running.daemon.clone(),
             gpus: running.gpus.clone(),
         }
@@ -89,7 +89,7 @@ fn opt_addr(a: Option<std::net::SocketAddr>) -> String {
 /// The result comes back as `Event::ConfigRead`.
 pub fn start_read(
     path: PathBuf,
-    fixed: Arc<Fixed>,
+    restart_only: Arc<RestartOnly>,
     cause: ReloadCause,
     events: EventSink,
     tracker: &TaskTracker,
@@ -97,7 +97,7 @@ pub fn start_read(
     tracker.spawn(async move {
         let reading = tokio::task::spawn_blocking({
             let path = path.clone();
-            let socket = fixed.daemon.socket.clone();
+            let socket = restart_only.daemon.socket.clone();
             move || {
                 let (config, text) = read(&path)?;
                 // A model without `user` new in this file: its account is made now (once made,
@@ -121,7 +121,7 @@ pub fn start_read(
         };
         let read = read.map(|(mut config, text)| {
             tracing::info!("{cause}: reloading {}", path.display());
-            let warnings = fixed.pin(&mut config);
+            let warnings = restart_only.pin(&mut config);
             Box::new(NewConfig {
                 config,
                 warnings,

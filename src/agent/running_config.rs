@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::reload::Fixed;
+use super::reload::RestartOnly;
 use crate::config::{read_file, Checks, Config, ConfigError};
 
 /// What the hand-over document carries of the configuration.
@@ -94,7 +94,7 @@ impl CarriedConfig {
         };
         let mut config = parse(&self.text)?;
         if let Some(started) = &self.started {
-            Fixed::new(&parse(started)?).pin(&mut config);
+            RestartOnly::new(&parse(started)?).pin(&mut config);
         }
         let running = RunningConfig {
             path: self.path.clone(),

@@ -40,7 +40,7 @@ fn feed(
     (rate, recent): (f64, Option<f64>),
     routed: u32,
 ) -> Option<policy::Decision> {
-    let sig = signal::ModelSignal {
+    let sig = queue_signal::ModelSignal {
         at: Time::from_millis(second * 1000),
         oldest_wait_ms: 0.0,
         queue_depth: 0,

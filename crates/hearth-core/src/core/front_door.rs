@@ -21,8 +21,8 @@
 use super::event::{Action, LogLevel};
 use super::front_doors::{Change, MAX_FRONT_DOORS};
 use super::node::Node;
+use super::queue_signal::Sample;
 use super::replica::ReplicaId;
-use super::signal::Sample;
 use super::Time;
 use crate::protocol::{ErrorCode, Failure};
 

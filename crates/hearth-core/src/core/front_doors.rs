@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use super::queue_signal::Sample;
 use super::replica::ReplicaId;
-use super::signal::Sample;
 use super::Time;
 
 /// Most front doors reporting for one model at once: a fleet runs a few per host; a reporter

@@ -32,11 +32,11 @@ mod gpu;
 mod gpu_tests;
 // The core under test (virtual time, a fake process table), for the core's tests and the
 // shell's tests of what feeds it.
+mod gpu_health;
 #[cfg(test)]
 mod harden_tests;
 #[cfg(any(test, feature = "harness"))]
 pub mod harness;
-mod health;
 mod lifecycle;
 mod model;
 mod node;
@@ -49,11 +49,12 @@ mod policy_tests;
 mod ports;
 mod prefetch;
 mod probes;
-mod processes;
+mod process_facts;
 #[cfg(test)]
-mod processes_tests;
+mod process_facts_tests;
 #[cfg(test)]
 mod prop_tests;
+mod queue_signal;
 mod reclaim;
 mod reconcile;
 mod reload;
@@ -63,8 +64,7 @@ mod replica;
 mod replicas;
 mod requests;
 mod scrape;
-mod signal;
-mod starts;
+mod start_gates;
 pub mod status;
 #[cfg(test)]
 mod tests;

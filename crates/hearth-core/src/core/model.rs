@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::policy::Autoscaler;
-use super::signal::ReplicaSignal;
+use super::queue_signal::ReplicaSignal;
 use super::Time;
 use crate::config::{LaunchSpec, ModelConfig, WarmPool};
 

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::capacity::{replicas_needed, ReplicaCapacity, MAX_SLOTS, WAIT_TAIL};
-use super::signal::ModelSignal;
+use super::queue_signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
 use demand::Demand;

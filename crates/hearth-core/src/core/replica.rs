@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::event::{QueueTime, Usage};
-use super::signal::ReplicaSignal;
+use super::queue_signal::ReplicaSignal;
 use super::Time;
 use crate::config::LaunchSpec;
 pub use crate::protocol::ReplicaState;

@@ -8,8 +8,8 @@ use super::front_door::Admitted;
 use super::model::{ModelState, Overrides};
 use super::node::Node;
 use super::policy::Decision;
+use super::queue_signal::Sample;
 use super::replica::{ReplicaId, ReplicaState};
-use super::signal::Sample;
 use super::Time;
 use crate::protocol::{
     self, quote, Answer, ErrorCode, Failure, Report, Request, Response, Role, WatchEvent,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::event::{Action, LogLevel, ScrapedQueue};
 use super::front_door::Admitted;
 use super::node::Node;
+use super::queue_signal::Sample;
 use super::replica::{ReplicaId, ReplicaState};
-use super::signal::Sample;
 use super::Time;
 
 impl Node {

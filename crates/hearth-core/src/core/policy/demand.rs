@@ -9,16 +9,16 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::core::signal::ModelSignal;
+use crate::core::queue_signal::ModelSignal;
 use crate::core::Time;
 
 /// Seconds of history kept: the longest window any setting can ask for.
 pub const KEEP: usize = 4 * 3600;
 /// Arrival rates above this (requests per second) are not believed.
 const MAX_RATE: f64 = 1e6;
-/// The window of the arrival rate the signal reports (`signal::RATE_WINDOW`), seconds.
+/// The window of the arrival rate the signal reports (`queue_signal::RATE_WINDOW`), seconds.
 const RATE_WINDOW_S: f64 = 10.0;
-/// The recent arrival rate's window (`signal::RECENT_SPAN`), seconds.
+/// The recent arrival rate's window (`queue_signal::RECENT_SPAN`), seconds.
 pub const RECENT_WINDOW_S: f64 = 3.0;
 /// Standard deviations of noise left on the envelope's peak (`Demand::peak_level`).
 const PEAK_MARGIN_Z: f64 = 1.0;
