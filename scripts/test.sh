@@ -6,7 +6,10 @@
 # prometheus for tests/route/fleet.rs); as another
 # user it names what is missing and stops. Then it prepares llama.cpp's server with a tiny model
 # (scripts/real-model.sh) and a Python with the official openai client (PyPI), and runs
-#   cargo test --release --workspace -- --test-threads 4
+#   cargo nextest run --release --workspace --no-fail-fast --test-threads 4
+# (cargo-nextest, installed from crates.io where the machine lacks it): every crate's tests, the
+# binaries' tests side by side, each test a process of its own. `cargo test --release
+# --workspace` runs the same tests, one binary after another.
 # A test that cannot run here (not root, no writable cgroup v2, …) fails and says what is
 # missing; HEARTH_ALLOW_SKIP=1 makes such tests pass with a note instead, for a developer's
 # machine only: CI never sets it.
@@ -53,4 +56,7 @@ venv=$target/openai-venv
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r scripts/requirements-openai.txt
 export HEARTH_OPENAI_PYTHON=$venv/bin/python
 
-exec cargo test --release --workspace -- --test-threads 4
+# cargo-nextest runs the test binaries side by side rather than one after another: most tests
+# wait on real processes, so the suite takes about the time of its longest tests, not their sum.
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+exec cargo nextest run --release --workspace --no-fail-fast --test-threads 4

@@ -122,3 +122,20 @@ pub fn ports(n: u16) -> PortBlock {
 pub fn is_held(first: u16) -> bool {
     lock_slot(&lock_dir(), first).is_none()
 }
+
+/// An exclusive lock on `name` for the whole machine, waited for, held until dropped: for what
+/// only one test may hold at a time whichever process runs it (a test runner that starts a
+/// process per test, another checkout's suite). Kept beside the port locks, whose directory and
+/// release on exit it shares.
+pub fn machine_lock(name: &str) -> Flock<File> {
+    let path = lock_dir().join(format!("lock-{name}"));
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o666)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    Flock::lock(file, FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {}: {e}", path.display()))
+}

@@ -23,14 +23,14 @@ pub const WATCHDOG_SEC: u64 = 4;
 /// The op the test's drop-in arms `HEARTH_FAULT_INJECT_STALL_ON_OP` with.
 pub const STALL_OP: &str = "gpus";
 
-/// One container at a time: they share the host's network namespace, and with it the abstract
-/// socket that locks hearth's instance name (two daemons with the default state_dir refuse to
-/// run side by side, as on one host).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One container at a time on the machine, whichever process boots it: they share the host's
+/// network namespace, and with it the abstract socket that locks hearth's instance name (two
+/// daemons with the default state_dir refuse to run side by side, as on one host).
+const ONE_AT_A_TIME: &str = "under-systemd";
 
 pub struct Host {
     pub c: Container,
-    _one: std::sync::MutexGuard<'static, ()>,
+    _one: nix::fcntl::Flock<std::fs::File>,
     /// Replica ports, then the front door's.
     ports: PortBlock,
     pub route: SocketAddr,
@@ -72,7 +72,7 @@ impl Host {
     /// Boots a container with the build bound in at [`BUILD`] and `extra_binds` at their own
     /// paths.
     pub fn boot(extra_binds: &[&Path]) -> Host {
-        let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let one = ports::machine_lock(ONE_AT_A_TIME);
         let build = testkit::hearth().parent().expect("the build directory");
         let mut binds = vec![(build, Path::new(BUILD))];
         binds.extend(extra_binds.iter().map(|p| (*p, *p)));
