@@ -448,7 +448,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         }
         return std::process::ExitCode::SUCCESS;
     }
-    let summary = super::grid_report::summarize(&results);
+    let summary = super::grid_verdict::summarize(&results);
     if json {
         let doc = super::grid_report::Document {
             cells: &results,
@@ -474,4 +474,33 @@ pub fn main(o: Options) -> std::process::ExitCode {
         eprintln!("traces: {}", workload::AZURE_ATTRIBUTION);
     }
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_spans_every_workload_and_knob() {
+        let all = cells(37);
+        assert_eq!(all.len(), 37 * 18);
+        let s = sample(37, 64);
+        assert_eq!(s.len(), 64);
+        for w in 0..37 {
+            assert!(s.iter().any(|c| c.workload == w), "workload {w}");
+        }
+        for &cold in &COLD_STARTS_S {
+            for &slots in &SLOTS {
+                for &t in &TARGETS_MS {
+                    assert!(
+                        s.iter().any(|c| c.cold_start_s == cold
+                            && c.slots == slots
+                            && c.target_ms == t),
+                        "{cold} {slots} {t}"
+                    );
+                }
+            }
+        }
+        assert!(s.iter().all(|c| all.contains(c)));
+    }
 }

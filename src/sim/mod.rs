@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod engine;
 pub mod grid;
 pub mod grid_report;
+pub mod grid_verdict;
 pub mod header;
 pub mod hearth;
 pub mod oracle;
