@@ -110,8 +110,11 @@ pub fn sample(workloads: usize, n: usize) -> Vec<Cell> {
 }
 
 /// The grid's workloads. Without the Azure traces (no `trace_dir`), only the synthetic ones.
-pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorkload>, String> {
-    type Build = Box<dyn Fn(f64) -> Result<Workload, String> + Send + Sync>;
+pub fn workloads(
+    trace_dir: Option<&Path>,
+    jobs: usize,
+) -> Result<Vec<GridWorkload>, workload::TraceError> {
+    type Build = Box<dyn Fn(f64) -> Result<Workload, workload::TraceError> + Send + Sync>;
     let mut specs: Vec<(&'static str, String, Build)> = Vec::new();
     for name in workload::SYNTHETIC {
         for seed in SEEDS {
@@ -119,8 +122,8 @@ pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorklo
                 name,
                 format!("{name} seed {seed}"),
                 Box::new(move |rate| {
-                    workload::synthetic_workload(name, seed, &SM, 1.0, rate)
-                        .ok_or_else(|| format!("no scenario {name}"))
+                    Ok(workload::synthetic_workload(name, seed, &SM, 1.0, rate)
+                        .expect("a built-in scenario"))
                 }),
             ));
         }
@@ -199,7 +202,7 @@ pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorklo
     }
     // Build them in parallel: (spec, slots) pairs.
     let n = specs.len() * SLOTS.len();
-    let built: Vec<Mutex<Option<Result<Workload, String>>>> =
+    let built: Vec<Mutex<Option<Result<Workload, workload::TraceError>>>> =
         (0..n).map(|_| Mutex::new(None)).collect();
     parallel(n, jobs, |i| {
         let (spec, s) = (i / SLOTS.len(), i % SLOTS.len());

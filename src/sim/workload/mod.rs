@@ -9,7 +9,9 @@ mod synthetic;
 mod trace;
 
 pub use synthetic::{synthetic_workload, SYNTHETIC, SYNTH_MEAN_CONTEXT, SYNTH_MEAN_GENERATED};
-pub use trace::{trace_dir, trace_path, trace_workload, AZURE_ATTRIBUTION, REPO_TRACE_DIR, TRACES};
+pub use trace::{
+    trace_dir, trace_path, trace_workload, TraceError, AZURE_ATTRIBUTION, REPO_TRACE_DIR, TRACES,
+};
 
 use super::rng::Rng;
 use super::{Us, SEC};

@@ -8,6 +8,31 @@ use super::{multiply_rate, push_transform, Request, ServiceModel, Workload};
 use crate::sim::rng::Rng;
 use crate::sim::{Us, SEC};
 
+/// Why a trace gave no workload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    #[error("{0:?} is not a trace scenario")]
+    NotATrace(String),
+    #[error(
+        "scenario {scenario} replays {file}, found in {}/ when run from the repository's root; \
+         elsewhere give it with --trace FILE, or set HEARTH_TRACE_DIR to the folder that holds \
+         it",
+        REPO_TRACE_DIR
+    )]
+    NoTraceDir { scenario: String, file: String },
+    #[error("cannot read trace {}: {error}", path.display())]
+    Read { path: PathBuf, error: String },
+    /// A line of the file (numbered from 1) is not what its format needs.
+    #[error("{}:{line}: {message}", path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{}: no requests in the trace", path.display())]
+    Empty { path: PathBuf },
+}
+
 /// Built-in trace scenarios: name → the file they read (`--trace`, else in `trace_dir()`).
 pub const TRACES: [(&str, &str); 2] = [
     ("azure-conv", "azure-llm-2023-conv.csv"),
@@ -30,21 +55,20 @@ pub const AZURE_ATTRIBUTION: &str = "Azure LLM inference trace 2023 (Patel et al
 Efficient generative LLM inference using phase splitting\", ISCA 2024), CC-BY 4.0";
 
 /// Where a built-in trace scenario's file is: `--trace`, else `<trace_dir()>/<file>`.
-pub fn trace_path(scenario: &str, trace: Option<&Path>) -> Result<PathBuf, String> {
+pub fn trace_path(scenario: &str, trace: Option<&Path>) -> Result<PathBuf, TraceError> {
     let (_, file) = TRACES
         .iter()
         .find(|(n, _)| *n == scenario)
-        .ok_or_else(|| format!("{scenario:?} is not a trace scenario"))?;
+        .ok_or_else(|| TraceError::NotATrace(scenario.to_string()))?;
     if let Some(p) = trace {
         return Ok(p.to_path_buf());
     }
     match trace_dir() {
         Some(dir) => Ok(dir.join(file)),
-        None => Err(format!(
-            "scenario {scenario} replays {file}, found in {REPO_TRACE_DIR}/ when run from the \
-             repository's root; elsewhere give it with --trace FILE, or set HEARTH_TRACE_DIR to \
-             the folder that holds it"
-        )),
+        None => Err(TraceError::NoTraceDir {
+            scenario: scenario.to_string(),
+            file: file.to_string(),
+        }),
     }
 }
 
@@ -62,13 +86,21 @@ pub fn trace_workload(
     sm: &ServiceModel,
     speed: f64,
     rate_mult: f64,
-) -> Result<Workload, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
-    let (mut requests, azure) = parse_trace(&text, seed, sm)
-        .map_err(|(line, msg)| format!("{}:{line}: {msg}", path.display()))?;
+) -> Result<Workload, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TraceError::Read {
+        path: path.to_path_buf(),
+        error: e.to_string(),
+    })?;
+    let (mut requests, azure) =
+        parse_trace(&text, seed, sm).map_err(|(line, message)| TraceError::Line {
+            path: path.to_path_buf(),
+            line,
+            message,
+        })?;
     if requests.is_empty() {
-        return Err(format!("{}: no requests in the trace", path.display()));
+        return Err(TraceError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     requests.sort_by_key(|r| r.t);
     let t0 = requests[0].t;
