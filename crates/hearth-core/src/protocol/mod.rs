@@ -3,7 +3,7 @@
 //!
 //! Requests are `Request`; answers are `Answer` (`Result<Response, Failure>`), which the core
 //! returns and only the socket layer turns into a line (`encode_answer`), and the CLI back
-//! (`decode_answer`). The wire form is docs/design.md's: `{"ok":true,...}`, or
+//! (`decode_answer`, reading the shape of the op it sent). The wire form is docs/design.md's: `{"ok":true,...}`, or
 //! `{"ok":false,"error":"CODE","message":"…"}`.
 
 mod daemon_view;
@@ -143,10 +143,10 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// What a request asks for, without its fields: the `op` alone. Reading a line's `op` into it
-/// tells an unknown op (`unknown_op`, with serde's list of the known ones) from a malformed
-/// known one (`bad_request`). `Request::op` maps every request onto it, so a new request cannot
-/// be added without its op.
+/// What a request asks for, without its fields: the `op` alone. Looking a line's `op` up in
+/// `Op::ALL` tells an unknown op (`unknown_op`, with the list of the known ones) from a
+/// malformed known one (`bad_request`). `Request::op` maps every request onto it, so a new
+/// request cannot be added without its op; a test keeps `ALL` and `name` to serde's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
@@ -166,11 +166,50 @@ pub enum Op {
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&wire_name(self))
+        f.write_str(self.name())
     }
 }
 
 impl Op {
+    /// Every op, in the order an unknown op's error lists them.
+    pub const ALL: [Op; 12] = [
+        Op::Version,
+        Op::Report,
+        Op::Status,
+        Op::Watch,
+        Op::Gpus,
+        Op::Scale,
+        Op::Drain,
+        Op::Undrain,
+        Op::Cordon,
+        Op::Uncordon,
+        Op::Reload,
+        Op::Upgrade,
+    ];
+
+    /// The op's name on the wire.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::Version => "version",
+            Op::Report => "report",
+            Op::Status => "status",
+            Op::Watch => "watch",
+            Op::Gpus => "gpus",
+            Op::Scale => "scale",
+            Op::Drain => "drain",
+            Op::Undrain => "undrain",
+            Op::Cordon => "cordon",
+            Op::Uncordon => "uncordon",
+            Op::Reload => "reload",
+            Op::Upgrade => "upgrade",
+        }
+    }
+
+    /// The op named `name` on the wire, if there is one.
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == name)
+    }
+
     /// The role an op needs. `report` is also allowed to a replica's own processes (checked by
     /// the core, which knows the process groups).
     pub fn required_role(self) -> Role {
@@ -312,7 +351,8 @@ impl fmt::Display for Failure {
 }
 
 /// A successful answer, one variant per shape; on the wire each is `{"ok":true}` plus its fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Written untagged; read back by `decode_answer` as the shape of the op that was sent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Response {
     /// `version`: `{"ok":true,"version":"…","protocol":1}`
@@ -323,7 +363,6 @@ pub enum Response {
     Gpus { gpus: Vec<GpuView> },
     /// `watch`: the routed set of each watched model now. The answer line is `{"ok":true}`; the
     /// socket layer then writes the snapshot one event a line, and the events that follow.
-    #[serde(skip_deserializing)]
     Watching {
         #[serde(skip)]
         snapshot: Vec<WatchEvent>,
@@ -374,8 +413,22 @@ pub fn encode_answer(answer: &Answer) -> String {
     })
 }
 
-/// Reads an answer line. `Err`: the line is not an answer of this protocol.
-pub fn decode_answer(line: &str) -> Result<Answer, String> {
+/// Why a line is not the answer to the request that was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerError(String);
+
+impl fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AnswerError {}
+
+/// Reads the answer line to a request with op `op`: a success is read as that op's shape (a
+/// `report` may be `superseded`; a `watch`'s answer is `{"ok":true}` before its events, read as
+/// `Done`). `Err`: the line is not an answer of this protocol to that op.
+pub fn decode_answer(line: &str, op: Op) -> Result<Answer, AnswerError> {
     #[derive(Deserialize)]
     struct Head {
         ok: bool,
@@ -385,25 +438,88 @@ pub fn decode_answer(line: &str) -> Result<Answer, String> {
         error: ErrorCode,
         message: String,
     }
-    let value: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let head = Head::deserialize(&value).map_err(|e| e.to_string())?;
-    if head.ok {
-        let response = Response::deserialize(&value).map_err(|e| e.to_string())?;
-        // `Done` matches any object: one with more than "ok" is an answer whose body did not
-        // read (a view of another version), not a bare yes.
-        let bare = value.as_object().is_some_and(|o| o.len() == 1);
-        if response == (Response::Done {}) && !bare {
-            return Err(format!("an answer this client cannot read: {line}"));
-        }
-        Ok(Ok(response))
-    } else {
-        let e = Error::deserialize(&value).map_err(|e| e.to_string())?;
-        Ok(Err(Failure::new(e.error, e.message)))
+    #[derive(Deserialize)]
+    struct VersionBody {
+        version: String,
+        protocol: u32,
     }
+    #[derive(Deserialize)]
+    struct StatusBody {
+        status: StatusView,
+    }
+    #[derive(Deserialize)]
+    struct GpusBody {
+        gpus: Vec<GpuView>,
+    }
+    #[derive(Deserialize)]
+    struct SupersededBody {
+        superseded_by: Vec<String>,
+    }
+    #[derive(Deserialize)]
+    struct UpgradingBody {
+        upgrading: UpgradePlan,
+    }
+    fn read<'a, T: Deserialize<'a>>(value: &'a Value) -> Result<T, AnswerError> {
+        T::deserialize(value).map_err(|e| AnswerError(e.to_string()))
+    }
+    let value: Value = serde_json::from_str(line).map_err(|e| AnswerError(e.to_string()))?;
+    let head: Head = read(&value)?;
+    if !head.ok {
+        let e: Error = read(&value)?;
+        return Ok(Err(Failure::new(e.error, e.message)));
+    }
+    // A yes with more than "ok" is an answer this op does not give (a view of another
+    // version, or the answer to another request), not a bare yes.
+    let done = || match value.as_object().is_some_and(|o| o.len() == 1) {
+        true => Ok(Response::Done {}),
+        false => Err(AnswerError(format!(
+            "an answer this client cannot read: {line}"
+        ))),
+    };
+    let response = match op {
+        Op::Version => {
+            let v: VersionBody = read(&value)?;
+            Response::Version {
+                version: v.version,
+                protocol: v.protocol,
+            }
+        }
+        Op::Status => Response::Status {
+            status: read::<StatusBody>(&value)?.status,
+        },
+        Op::Gpus => Response::Gpus {
+            gpus: read::<GpusBody>(&value)?.gpus,
+        },
+        Op::Report if value.get("superseded_by").is_some() => Response::Superseded {
+            superseded_by: read::<SupersededBody>(&value)?.superseded_by,
+        },
+        Op::Upgrade => Response::Upgrading {
+            upgrading: read::<UpgradingBody>(&value)?.upgrading,
+        },
+        Op::Report
+        | Op::Watch
+        | Op::Scale
+        | Op::Drain
+        | Op::Undrain
+        | Op::Cordon
+        | Op::Uncordon
+        | Op::Reload => done()?,
+    };
+    Ok(Ok(response))
 }
 
 /// Parses one request line. Distinguishes an unknown op from a malformed known one.
+///
+/// A line that reads as a request (every report) is deserialized once, straight into it; only
+/// one that does not is read again, as a JSON value, to say what is wrong with it.
 pub fn parse_request(line: &str) -> Result<Request, Failure> {
+    serde_json::from_str(line).or_else(|_| explain_bad_line(line))
+}
+
+/// What is wrong with a line that did not read as a request: not JSON, not an object, no op, an
+/// unknown op, or a known op with bad fields. (Ok only where the value reads as a request but
+/// the line did not straight away, as with a repeated key, which the value keeps once.)
+fn explain_bad_line(line: &str) -> Result<Request, Failure> {
     if line.trim().is_empty() {
         return Err(Failure::new(
             ErrorCode::BadRequest,
@@ -428,17 +544,15 @@ pub fn parse_request(line: &str) -> Result<Request, Failure> {
         }
         None => return Err(Failure::new(ErrorCode::BadRequest, "missing \"op\"")),
     };
-    if let Err(e) =
-        Op::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&op))
-    {
-        // serde's message quotes the op whole; the known ones are what it is for.
-        let known = e.to_string();
-        let known = known
-            .rsplit_once("expected")
-            .map_or("", |(_, k)| k.trim_start_matches(" one of").trim());
+    if Op::from_name(&op).is_none() {
+        let known: Vec<String> = Op::ALL.iter().map(|o| format!("`{o}`")).collect();
         return Err(Failure::new(
             ErrorCode::UnknownOp,
-            format!("unknown op {}: expected one of {known}", quote(&op)),
+            format!(
+                "unknown op {}: expected one of {}",
+                quote(&op),
+                known.join(", ")
+            ),
         ));
     }
     serde_json::from_value(value).map_err(|e| {
