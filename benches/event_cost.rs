@@ -138,7 +138,7 @@ impl Bench {
                         "exited",
                         Event::Exited {
                             replica,
-                            status: "exit status 0".into(),
+                            status: hearth::core::ExitStatus::Code(0),
                         },
                     )
                 }

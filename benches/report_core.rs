@@ -7,7 +7,8 @@
 //! alternating model-wide and per-replica, with calm values, as `report_throughput` sends them.
 //! Printed: the mean wall time of one `handle` call over the last 2,000 reports of each rate
 //! (the last half at 100/s), and, for comparison, a `version` request (no autoscaling: what
-//! `handle`'s reconcile and routed-set check cost on every event).
+//! `handle`'s reconcile and routed-set check cost on every event). Before them, what parsing a
+//! report's line costs (`protocol::parse_request`), which the socket layer does for each.
 //!
 //! Run: `cargo bench --bench report_core`. Without `--bench`, rates up to 1,000/s only. A rate
 //! whose run would take over a minute at the cost seen so far is skipped.
@@ -126,6 +127,21 @@ fn main() {
         &[100, 1_000]
     };
     println!("report_core: Node::handle per report, 1 model, 2 routed replicas, virtual time");
+    // What the socket layer does with a report's line before the core sees it.
+    let lines = [
+        r#"{"op":"report","model":"m","oldest_wait_ms":12,"queue_depth":0,"in_flight":1}"#,
+        r#"{"op":"report","model":"m","replica":"m-1","oldest_wait_ms":12,"queue_depth":0,"in_flight":1}"#,
+    ];
+    let n = 200_000;
+    let t = Instant::now();
+    for i in 0..n {
+        let r = hearth::protocol::parse_request(lines[i % 2]);
+        std::hint::black_box(r.is_ok());
+    }
+    println!(
+        "  parsing a report's line (protocol::parse_request): {:.3} µs per line",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
     let mut core = Core::new();
     let routed: Vec<String> = ["m-1", "m-2"].iter().map(|s| s.to_string()).collect();
     // Fixed cost of any event.

@@ -75,7 +75,7 @@ impl Client {
     /// Sends `req` and reads its answer.
     pub async fn ask(&mut self, req: &Request) -> Result<Answer, ClientError> {
         let line = self.request(req).await?;
-        protocol::decode_answer(&line)
+        protocol::decode_answer(&line, req.op())
             .map_err(|e| ClientError::Lost(format!("not an answer ({e}): {line}")))
     }
 

@@ -15,6 +15,31 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use super::reach::Who;
 
+/// Why an account could not be used or made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccountError {
+    #[error("looking up user {user:?}: {error}")]
+    Lookup { user: String, error: String },
+    #[error("no user {0:?} on this host")]
+    NoUser(String),
+    #[error("user name with a NUL byte")]
+    NulInName,
+    #[error("groups of {user:?}: {error}")]
+    Groups { user: String, error: String },
+    #[error("the daemon is not root: it cannot start a server as {0:?}")]
+    NotRoot(String),
+    /// The default account is missing and the system's tools could not make it (their words).
+    #[error(
+        "no account {name:?}, which models without `user` run as, and creating it \
+         failed: {why}. Create it with `systemd-sysusers systemd/hearth.sysusers` \
+         (installed as /usr/lib/sysusers.d/hearth.conf) or `useradd --system \
+         --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin {name}`"
+    )]
+    NotCreated { name: String, why: String },
+    #[error("no account {name:?}: {how} ran but the account is still missing")]
+    StillMissing { name: String, how: String },
+}
+
 /// The account a model without `user` runs as when the daemon is root.
 pub const DEFAULT_ACCOUNT: &str = "hearth";
 /// The file that declares it, applied as installing it would.
@@ -49,7 +74,10 @@ impl Accounts {
 
     /// Makes sure the default account exists where `config` has a model without `user` (a
     /// host whose models all name their account gets none): see `ensure_default`.
-    pub fn ensure_for(&self, config: &crate::config::Config) -> Result<Option<String>, String> {
+    pub fn ensure_for(
+        &self,
+        config: &crate::config::Config,
+    ) -> Result<Option<String>, AccountError> {
         if config.models.iter().all(|m| m.launch.user.is_some()) {
             return Ok(None);
         }
@@ -60,7 +88,7 @@ impl Accounts {
     /// `systemd-sysusers` applies systemd/hearth.sysusers, or with `useradd --system` where
     /// that tool is absent. Returns what it did, for the log; an error if the account is still
     /// missing (models without `user` could not run: the daemon does not start).
-    pub fn ensure_default(&self) -> Result<Option<String>, String> {
+    pub fn ensure_default(&self) -> Result<Option<String>, AccountError> {
         let Some(name) = &self.default else {
             return Ok(None);
         };
@@ -76,15 +104,14 @@ impl Accounts {
             ))),
             // Made meanwhile by someone else (another daemon starting beside this one).
             (Ok(Some(_)), Err(_)) => Ok(None),
-            (_, Err(e)) => Err(format!(
-                "no account {name:?}, which models without `user` run as, and creating it \
-                 failed: {e}. Create it with `systemd-sysusers systemd/hearth.sysusers` \
-                 (installed as /usr/lib/sysusers.d/hearth.conf) or `useradd --system \
-                 --user-group --no-create-home --home-dir / --shell /usr/sbin/nologin {name}`"
-            )),
-            (_, Ok(how)) => Err(format!(
-                "no account {name:?}: {how} ran but the account is still missing"
-            )),
+            (_, Err(why)) => Err(AccountError::NotCreated {
+                name: name.clone(),
+                why,
+            }),
+            (_, Ok(how)) => Err(AccountError::StillMissing {
+                name: name.clone(),
+                how,
+            }),
         }
     }
 
@@ -144,15 +171,15 @@ impl Accounts {
     /// Who a model's replicas run as, for the checks of what they can reach: None when they
     /// run as the daemon's own user. The default account before it was made is an account of
     /// its own, with a group of its own: what every user may, it may.
-    pub fn who(&self, configured: Option<&str>) -> Result<Option<Who>, String> {
+    pub fn who(&self, configured: Option<&str>) -> Result<Option<Who>, AccountError> {
         let (user, defaulted) = self.user_for(configured);
         let Some(user) = user else {
             return Ok(None);
         };
         match Credentials::of(&user) {
-            Ok(c) if self.default.is_none() && !c.is_current() => Err(format!(
-                "the daemon is not root: it cannot start a server as {user:?}"
-            )),
+            Ok(c) if self.default.is_none() && !c.is_current() => {
+                Err(AccountError::NotRoot(user.to_string()))
+            }
             Ok(c) => Ok(Some(Who::of(&c))),
             Err(_) if defaulted => Ok(Some(Who::to_be_made(&user))),
             Err(e) => Err(e),
@@ -171,7 +198,7 @@ impl Accounts {
         let who = match self.who(configured) {
             Ok(Some(w)) => w,
             Ok(None) => return None,
-            Err(e) => return Some(e),
+            Err(e) => return Some(e.to_string()),
         };
         let path = search
             .map(str::to_string)
@@ -202,13 +229,19 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    pub fn of(user: &str) -> Result<Credentials, String> {
+    pub fn of(user: &str) -> Result<Credentials, AccountError> {
         let u = User::from_name(user)
-            .map_err(|e| format!("looking up user {user:?}: {e}"))?
-            .ok_or_else(|| format!("no user {user:?} on this host"))?;
-        let cname = CString::new(user).map_err(|_| "user name with a NUL byte".to_string())?;
-        let groups = nix::unistd::getgrouplist(&cname, u.gid)
-            .map_err(|e| format!("groups of {user:?}: {e}"))?;
+            .map_err(|e| AccountError::Lookup {
+                user: user.to_string(),
+                error: e.to_string(),
+            })?
+            .ok_or_else(|| AccountError::NoUser(user.to_string()))?;
+        let cname = CString::new(user).map_err(|_| AccountError::NulInName)?;
+        let groups =
+            nix::unistd::getgrouplist(&cname, u.gid).map_err(|e| AccountError::Groups {
+                user: user.to_string(),
+                error: e.to_string(),
+            })?;
         Ok(Credentials {
             name: user.to_string(),
             uid: u.uid,
@@ -324,7 +357,10 @@ mod tests {
         let who = a.who(None).unwrap().unwrap();
         assert_eq!(who.name, "hearth-test-account-that-is-not-there");
         // A named account that does not exist is an error, not a guess.
-        let e = a.who(Some("hearth-test-no-such-user")).unwrap_err();
+        let e = a
+            .who(Some("hearth-test-no-such-user"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no user"), "{e}");
     }
 }

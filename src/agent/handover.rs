@@ -63,7 +63,7 @@ pub enum HandoverError {
     #[error("the hand-over {0} is missing")]
     Missing(PathBuf),
     #[error("cannot use the hand-over: {0}")]
-    Unreadable(String),
+    Unreadable(super::ledger::LedgerError),
 }
 
 /// Why a fallback did not happen.

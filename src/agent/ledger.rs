@@ -75,34 +75,59 @@ pub fn handover_path(state_dir: &Path) -> PathBuf {
     state_dir.join(HANDOVER)
 }
 
+/// Why a saved document cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    #[error("unreadable: {0}")]
+    Unreadable(String),
+    #[error("format {found} (this binary reads format {reads})")]
+    OtherFormat { found: u32, reads: u32 },
+    /// The file could not be read (the OS's words).
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: String },
+    /// The file was read, and its text is what is wrong.
+    #[error("{}: {error}", path.display())]
+    In {
+        path: PathBuf,
+        error: Box<LedgerError>,
+    },
+}
+
 /// Reads a saved document: None if there is none; an error says why one cannot be used. Not
 /// through a link, and only a regular file of sane size (state_files.rs).
-pub fn read(path: &Path) -> Result<Option<Saved>, String> {
+pub fn read(path: &Path) -> Result<Option<Saved>, LedgerError> {
     let text = match Dir::of_file(path).and_then(|(dir, name)| dir.read(name, MAX_BYTES)) {
         Ok(Some(text)) => text,
         Ok(None) => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => {
+            return Err(LedgerError::Io {
+                path: path.to_path_buf(),
+                error: e.to_string(),
+            })
+        }
     };
-    parse(&text)
-        .map(Some)
-        .map_err(|e| format!("{}: {e}", path.display()))
+    parse(&text).map(Some).map_err(|e| LedgerError::In {
+        path: path.to_path_buf(),
+        error: Box::new(e),
+    })
 }
 
 /// The version first, so that a document of another version says so rather than failing on
 /// some field.
-pub fn parse(text: &str) -> Result<Saved, String> {
+pub fn parse(text: &str) -> Result<Saved, LedgerError> {
     #[derive(Deserialize)]
     struct Head {
         format: u32,
     }
-    let head: Head = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
+    let unreadable = |e: serde_json::Error| LedgerError::Unreadable(e.to_string());
+    let head: Head = serde_json::from_str(text).map_err(unreadable)?;
     if head.format != FORMAT {
-        return Err(format!(
-            "format {} (this binary reads format {FORMAT})",
-            head.format
-        ));
+        return Err(LedgerError::OtherFormat {
+            found: head.format,
+            reads: FORMAT,
+        });
     }
-    serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))
+    serde_json::from_str(text).map_err(unreadable)
 }
 
 /// Writes `bytes` to `path` so that a crash at any moment leaves the old file or the new one,
@@ -168,9 +193,9 @@ mod tests {
         let text = serde_json::to_string(&saved).unwrap();
         assert_eq!(parse(&text).unwrap(), saved);
         let newer = text.replace("\"format\":1", "\"format\":2");
-        let e = parse(&newer).unwrap_err();
+        let e = parse(&newer).unwrap_err().to_string();
         assert!(e.contains("format 2"), "{e}");
-        assert!(parse("{").unwrap_err().contains("unreadable"));
+        assert!(parse("{").unwrap_err().to_string().contains("unreadable"));
         assert!(parse("[]").is_err());
     }
 

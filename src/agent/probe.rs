@@ -109,7 +109,7 @@ pub async fn verify_owner(
             ok: false,
             // Not "still loading": retried at the slower pace of a wrong answer.
             not_ready: false,
-            detail: why,
+            detail: why.to_string(),
         },
         Err(e) => ProbeOutcome {
             ok: false,

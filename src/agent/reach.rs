@@ -198,7 +198,7 @@ impl Reach for HostReach {
         let who = match self.accounts.who(model.launch.user.as_deref()) {
             Ok(Some(w)) => w,
             Ok(None) => return None,
-            Err(e) => return Some(e),
+            Err(e) => return Some(e.to_string()),
         };
         let why = who.cannot_connect(socket, self.owner, self.group)?;
         Some(format!(

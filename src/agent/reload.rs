@@ -11,8 +11,8 @@ use tokio_util::task::TaskTracker;
 
 use super::access::Access;
 use super::inbox::EventSink;
-use crate::config::{Checks, Config, DaemonConfig, GpusConfig};
-use crate::core::{Event, NewConfig, ReloadCause};
+use crate::config::{Checks, Config, ConfigError, DaemonConfig, GpusConfig};
+use crate::core::{ConfigReadError, Event, NewConfig, ReloadCause};
 use crate::service::logging::LogControl;
 
 /// The longest a read of the configuration file may take. A file that does not come within this
@@ -99,11 +99,14 @@ pub fn start_read(
             let path = path.clone();
             let socket = restart_only.daemon.socket.clone();
             move || {
-                let (config, text) = read(&path)?;
+                let (config, text) = read(&path).map_err(ConfigReadError::Invalid)?;
                 // A model without `user` new in this file: its account is made now (once made,
                 // the socket gets its group, as at start), or the reload fails.
                 let accounts = super::account::Accounts::lookup();
-                if let Some(made) = accounts.ensure_for(&config)? {
+                if let Some(made) = accounts
+                    .ensure_for(&config)
+                    .map_err(|e| ConfigReadError::Account(e.to_string()))?
+                {
                     tracing::info!("{made}");
                     accounts.open_socket_to_replicas(&socket);
                 }
@@ -112,12 +115,14 @@ pub fn start_read(
         });
         let read = match tokio::time::timeout(READ_TIMEOUT, reading).await {
             Ok(Ok(read)) => read,
-            Ok(Err(e)) => Err(format!("{}: -: reading failed: {e}", path.display())),
-            Err(_) => Err(format!(
-                "{}: -: cannot read configuration file: no data within {} s",
-                path.display(),
-                READ_TIMEOUT.as_secs()
-            )),
+            Ok(Err(e)) => Err(ConfigReadError::Failed {
+                path: path.clone(),
+                error: e.to_string(),
+            }),
+            Err(_) => Err(ConfigReadError::TimedOut {
+                path: path.clone(),
+                after: READ_TIMEOUT,
+            }),
         };
         let read = read.map(|(mut config, text)| {
             tracing::info!("{cause}: reloading {}", path.display());
@@ -136,8 +141,8 @@ pub fn start_read(
 /// anything but a regular file refused at once, the size bounded, every check down to what the
 /// replicas' accounts can reach); errors name the file (and the line and key, when the text is
 /// at fault), and the text it was read from.
-pub fn read(path: &Path) -> Result<(Config, String), String> {
-    super::reach::load_text(path, Checks::Host).map_err(|e| e.to_string())
+pub fn read(path: &Path) -> Result<(Config, String), ConfigError> {
+    super::reach::load_text(path, Checks::Host)
 }
 
 /// The daemon settings the shell owns, applied when the core says a reload is in force.
@@ -176,7 +181,7 @@ mod tests {
         let fifo = dir.path().join("config.toml");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         let started = std::time::Instant::now();
-        let err = read(&fifo).unwrap_err();
+        let err = read(&fifo).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
         assert!(
             err.starts_with(&format!("{}: ", fifo.display())),
@@ -184,9 +189,11 @@ mod tests {
         );
         // No writer ever comes: a blocking open would never return.
         assert!(started.elapsed() < READ_TIMEOUT);
-        let err = read(dir.path()).unwrap_err();
+        let err = read(dir.path()).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
-        let err = read(&dir.path().join("missing.toml")).unwrap_err();
+        let err = read(&dir.path().join("missing.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cannot read configuration file"), "{err}");
     }
 
@@ -196,7 +203,7 @@ mod tests {
         let big = dir.path().join("config.toml");
         let f = std::fs::File::create(&big).unwrap();
         f.set_len(MAX_FILE_BYTES + 1).unwrap();
-        let err = read(&big).unwrap_err();
+        let err = read(&big).unwrap_err().to_string();
         assert!(err.contains("at most"), "{err}");
     }
 }

@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::os::unix::process::CommandExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use super::containment::{listeners, ChildSide, Containment, Gate};
 use super::inbox::EventSink;
 use super::prefetch;
 use super::replica_log::ReplicaLogs;
-use crate::core::{Event, ReplicaId, SpawnSpec, StopSignal};
+use crate::core::{Event, ExitStatus, ReplicaId, SpawnError, SpawnSpec, StopSignal};
 
 /// Variables of the daemon's own that must never reach a child: they describe the daemon's
 /// relationship with systemd (notify socket, watchdog, passed sockets, journal stream), and a
@@ -195,8 +195,8 @@ fn build_command(
     creds: Option<Credentials>,
     gate: Option<ChildSide>,
     output: (Stdio, Stdio),
-) -> Result<Command, String> {
-    let program = spec.command.first().ok_or("empty command")?;
+) -> Result<Command, SpawnError> {
+    let program = spec.command.first().ok_or(SpawnError::EmptyCommand)?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(&spec.command[1..]);
     for (k, _) in std::env::vars_os() {
@@ -243,12 +243,12 @@ fn build_command(
 /// The account the replica runs as, checked against its program: an account that cannot reach
 /// the program is said plainly, before anything is started (the same check `check-config`
 /// makes: account.rs).
-fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>, String> {
+fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>, SpawnError> {
     let (user, _) = accounts.user_for(spec.user.as_deref());
     let Some(user) = user else {
         return Ok(None);
     };
-    let creds = Credentials::of(&user)?;
+    let creds = Credentials::of(&user).map_err(|e| SpawnError::Account(e.to_string()))?;
     let path = spec
         .env
         .iter()
@@ -257,7 +257,7 @@ fn account(spec: &SpawnSpec, accounts: &Accounts) -> Result<Option<Credentials>,
         .map(|(_, v)| v.as_str());
     let program = spec.command.first().map(String::as_str).unwrap_or("");
     match accounts.cannot_run(spec.user.as_deref(), program, path) {
-        Some(why) => Err(why),
+        Some(why) => Err(SpawnError::Account(why)),
         None => Ok(Some(creds)),
     }
 }
@@ -284,14 +284,17 @@ fn spawn_one(job: Job, sv: &Spawner) {
     };
     let placement = match sv.containment.prepare(&spec) {
         Ok(p) => p,
-        Err(error) => return send(Event::SpawnFailed { replica, error }),
+        Err(e) => {
+            let error = SpawnError::Containment(e.to_string());
+            return send(Event::SpawnFailed { replica, error });
+        }
     };
     let gate = if sv.containment.gated() {
         match Gate::new() {
             Ok(g) => Some(g),
             Err(e) => {
                 sv.containment.discard(placement);
-                let error = format!("creating the spawn gate: {e}");
+                let error = SpawnError::Gate(e.to_string());
                 return send(Event::SpawnFailed { replica, error });
             }
         }
@@ -302,10 +305,10 @@ fn spawn_one(job: Job, sv: &Spawner) {
         Ok(o) => o,
         Err(e) => {
             sv.containment.discard(placement);
-            let error = format!(
-                "opening its output ({}): {e}",
-                sv.logs.location(replica.as_str())
-            );
+            let error = SpawnError::Output {
+                location: sv.logs.location(replica.as_str()).to_string(),
+                error: e.to_string(),
+            };
             return send(Event::SpawnFailed { replica, error });
         }
     };
@@ -339,16 +342,19 @@ fn spawn_one(job: Job, sv: &Spawner) {
         (result, placed) => {
             sv.containment.discard(placement);
             let error = match (placed, result) {
-                (Some(Err(e)), _) => format!("placing the process: {e}"),
-                (_, Err(e)) => format!("{}: {e}", spec.command[0]),
-                (_, Ok(_)) => "the process ended before it was placed".to_string(),
+                (Some(Err(e)), _) => SpawnError::Placing(e.to_string()),
+                (_, Err(e)) => SpawnError::Exec {
+                    program: spec.command[0].clone(),
+                    error: e.to_string(),
+                },
+                (_, Ok(_)) => SpawnError::EndedBeforePlaced,
             };
             return send(Event::SpawnFailed { replica, error });
         }
     };
     let Some(pid) = child.id() else {
         sv.containment.discard(placement);
-        let error = "the process ended at once".to_string();
+        let error = SpawnError::EndedAtOnce;
         return send(Event::SpawnFailed { replica, error });
     };
     sv.containment.register(placement, pid);
@@ -376,7 +382,7 @@ fn spawn_one(job: Job, sv: &Spawner) {
         }
         let status = match status {
             Ok(s) => describe(s),
-            Err(e) => format!("wait failed: {e}"),
+            Err(e) => ExitStatus::WaitFailed(e.to_string()),
         };
         events.send(Event::Exited { replica, status }).await;
     });
@@ -384,12 +390,12 @@ fn spawn_one(job: Job, sv: &Spawner) {
 
 /// Waits for `pid` to exit through a pidfd (Linux 5.3+); reaps it if it is our child (after a
 /// re-exec, replicas are still children). The exit as far as it can be known.
-async fn wait_pidfd(pid: u32) -> String {
+async fn wait_pidfd(pid: u32) -> ExitStatus {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
-        return "ended (gone before it could be watched)".to_string();
+        return ExitStatus::GoneBeforeWatched;
     }
     // SAFETY: a fresh fd that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -412,20 +418,23 @@ async fn wait_pidfd(pid: u32) -> String {
         nix::unistd::Pid::from_raw(pid as i32),
         Some(WaitPidFlag::WNOHANG),
     ) {
-        Ok(WaitStatus::Exited(_, c)) => format!("exit status {c}"),
-        Ok(WaitStatus::Signaled(_, sig, _)) => format!("killed by {sig:?}"),
-        _ => "ended (not a child of this daemon: its status is not known)".to_string(),
+        Ok(WaitStatus::Exited(_, c)) => ExitStatus::Code(c),
+        Ok(WaitStatus::Signaled(_, sig, core_dumped)) => ExitStatus::Signaled {
+            signal: sig as i32,
+            core_dumped,
+        },
+        _ => ExitStatus::NotAChild,
     }
 }
 
-fn describe(s: ExitStatus) -> String {
+fn describe(s: std::process::ExitStatus) -> ExitStatus {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => match Signal::try_from(sig) {
-            Ok(name) => format!("killed by {name:?}"),
-            Err(_) => format!("killed by signal {sig}"),
+        (Some(c), _) => ExitStatus::Code(c),
+        (None, Some(signal)) => ExitStatus::Signaled {
+            signal,
+            core_dumped: s.core_dumped(),
         },
-        _ => "ended".to_string(),
+        _ => ExitStatus::Ended,
     }
 }

@@ -99,10 +99,20 @@ impl Reexec {
     }
 
     /// Whether the binary at `exe` can be executed now.
-    pub fn check(&self) -> Result<(), String> {
-        nix::unistd::access(&self.exe, nix::unistd::AccessFlags::X_OK)
-            .map_err(|e| format!("{}: {e}", self.exe.display()))
+    pub fn check(&self) -> Result<(), NotExecutable> {
+        nix::unistd::access(&self.exe, nix::unistd::AccessFlags::X_OK).map_err(|e| NotExecutable {
+            exe: self.exe.clone(),
+            errno: e,
+        })
     }
+}
+
+/// The binary at `exe` cannot be executed now.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {errno}", exe.display())]
+pub struct NotExecutable {
+    pub exe: PathBuf,
+    pub errno: nix::errno::Errno,
 }
 
 /// How many panics in a row led to this process (read once at start, then cleared).

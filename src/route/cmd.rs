@@ -58,9 +58,8 @@ pub fn main(args: RouteArgs) -> ExitCode {
 
 /// The file as the daemon reads it, less the host checks of the daemon's own work (the models'
 /// programs need not exist where the front door runs).
-pub fn load(args: &RouteArgs) -> Result<RouteSettings, String> {
-    let config =
-        crate::config::load_with(&args.config, Checks::Deployment).map_err(|e| e.to_string())?;
+pub fn load(args: &RouteArgs) -> Result<RouteSettings, crate::config::ConfigError> {
+    let config = crate::config::load_with(&args.config, Checks::Deployment)?;
     Ok(RouteSettings::from_config(&config))
 }
 

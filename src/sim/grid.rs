@@ -110,8 +110,11 @@ pub fn sample(workloads: usize, n: usize) -> Vec<Cell> {
 }
 
 /// The grid's workloads. Without the Azure traces (no `trace_dir`), only the synthetic ones.
-pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorkload>, String> {
-    type Build = Box<dyn Fn(f64) -> Result<Workload, String> + Send + Sync>;
+pub fn workloads(
+    trace_dir: Option<&Path>,
+    jobs: usize,
+) -> Result<Vec<GridWorkload>, workload::TraceError> {
+    type Build = Box<dyn Fn(f64) -> Result<Workload, workload::TraceError> + Send + Sync>;
     let mut specs: Vec<(&'static str, String, Build)> = Vec::new();
     for name in workload::SYNTHETIC {
         for seed in SEEDS {
@@ -119,8 +122,8 @@ pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorklo
                 name,
                 format!("{name} seed {seed}"),
                 Box::new(move |rate| {
-                    workload::synthetic_workload(name, seed, &SM, 1.0, rate)
-                        .ok_or_else(|| format!("no scenario {name}"))
+                    Ok(workload::synthetic_workload(name, seed, &SM, 1.0, rate)
+                        .expect("a built-in scenario"))
                 }),
             ));
         }
@@ -199,7 +202,7 @@ pub fn workloads(trace_dir: Option<&Path>, jobs: usize) -> Result<Vec<GridWorklo
     }
     // Build them in parallel: (spec, slots) pairs.
     let n = specs.len() * SLOTS.len();
-    let built: Vec<Mutex<Option<Result<Workload, String>>>> =
+    let built: Vec<Mutex<Option<Result<Workload, workload::TraceError>>>> =
         (0..n).map(|_| Mutex::new(None)).collect();
     parallel(n, jobs, |i| {
         let (spec, s) = (i / SLOTS.len(), i % SLOTS.len());
@@ -448,7 +451,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         }
         return std::process::ExitCode::SUCCESS;
     }
-    let summary = super::grid_report::summarize(&results);
+    let summary = super::grid_verdict::summarize(&results);
     if json {
         let doc = super::grid_report::Document {
             cells: &results,
@@ -474,4 +477,33 @@ pub fn main(o: Options) -> std::process::ExitCode {
         eprintln!("traces: {}", workload::AZURE_ATTRIBUTION);
     }
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_spans_every_workload_and_knob() {
+        let all = cells(37);
+        assert_eq!(all.len(), 37 * 18);
+        let s = sample(37, 64);
+        assert_eq!(s.len(), 64);
+        for w in 0..37 {
+            assert!(s.iter().any(|c| c.workload == w), "workload {w}");
+        }
+        for &cold in &COLD_STARTS_S {
+            for &slots in &SLOTS {
+                for &t in &TARGETS_MS {
+                    assert!(
+                        s.iter().any(|c| c.cold_start_s == cold
+                            && c.slots == slots
+                            && c.target_ms == t),
+                        "{cold} {slots} {t}"
+                    );
+                }
+            }
+        }
+        assert!(s.iter().all(|c| all.contains(c)));
+    }
 }

@@ -179,7 +179,7 @@ impl HearthDriver {
                     sim.exit(r);
                     queue.push_back(Event::Exited {
                         replica,
-                        status: "exit status 0".into(),
+                        status: crate::core::ExitStatus::Code(0),
                     });
                 }
             }

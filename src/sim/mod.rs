@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod engine;
 pub mod grid;
 pub mod grid_report;
+pub mod grid_verdict;
 pub mod header;
 pub mod hearth;
 pub mod oracle;
@@ -107,6 +108,27 @@ impl Policy {
             .copied()
             .find(|p| p.name() == s)
     }
+}
+
+/// Why the arguments give nothing to simulate: no workload, or no model to size it for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Trace(#[from] workload::TraceError),
+    #[error("scenario {0} is synthetic; --trace goes with azure-conv, azure-code or alone")]
+    SyntheticWithTrace(String),
+    #[error("unknown scenario {name:?}; built in: {known}")]
+    UnknownScenario { name: String, known: String },
+    #[error("give --scenario NAME or --trace CSV")]
+    NoWorkload,
+    #[error("no model {model:?} in {} (models: {models})", path.display())]
+    NoModel {
+        model: String,
+        path: std::path::PathBuf,
+        models: String,
+    },
+    #[error("--concurrency must be at least 1")]
+    NoConcurrency,
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -228,21 +250,21 @@ impl Setup {
         promotion: Duration,
         warmup: Duration,
         w: &Workload,
-    ) -> Result<Setup, String> {
+    ) -> Result<Setup, SimError> {
         let m = config.model(model).ok_or_else(|| {
             let names: Vec<&str> = config.models.iter().map(|m| m.name.as_str()).collect();
-            format!(
-                "no model {model:?} in {} (models: {})",
-                config.path.display(),
-                if names.is_empty() {
+            SimError::NoModel {
+                model: model.to_string(),
+                path: config.path.clone(),
+                models: if names.is_empty() {
                     "none".to_string()
                 } else {
                     names.join(", ")
-                }
-            )
+                },
+            }
         })?;
         if concurrency == 0 {
-            return Err("--concurrency must be at least 1".into());
+            return Err(SimError::NoConcurrency);
         }
         let s = &m.scaling;
         let params = Params {
@@ -380,7 +402,7 @@ fn parse_policies(names: &[String]) -> Result<Vec<Policy>, String> {
 }
 
 /// Builds the workload the arguments ask for.
-pub fn load_workload(a: &SimArgs) -> Result<Workload, String> {
+pub fn load_workload(a: &SimArgs) -> Result<Workload, SimError> {
     let sm = ServiceModel {
         prefill: a.prefill_per_token.as_secs_f64(),
         decode: a.decode_per_token.as_secs_f64(),
@@ -388,10 +410,7 @@ pub fn load_workload(a: &SimArgs) -> Result<Workload, String> {
     let mut w = match (&a.scenario, &a.trace) {
         (Some(name), trace) if workload::SYNTHETIC.contains(&name.as_str()) => {
             if trace.is_some() {
-                return Err(format!(
-                    "scenario {name} is synthetic; --trace goes with azure-conv, azure-code or \
-                     alone"
-                ));
+                return Err(SimError::SyntheticWithTrace(name.clone()));
             }
             workload::synthetic_workload(name, a.seed, &sm, a.speed, a.rate_mult)
                 .expect("known scenario")
@@ -401,10 +420,10 @@ pub fn load_workload(a: &SimArgs) -> Result<Workload, String> {
             workload::trace_workload(&path, name, a.seed, &sm, a.speed, a.rate_mult)?
         }
         (Some(name), _) => {
-            return Err(format!(
-                "unknown scenario {name:?}; built in: {}",
-                workload::scenario_names().join(", ")
-            ))
+            return Err(SimError::UnknownScenario {
+                name: name.clone(),
+                known: workload::scenario_names().join(", "),
+            })
         }
         (None, Some(path)) => {
             let name = path
@@ -413,7 +432,7 @@ pub fn load_workload(a: &SimArgs) -> Result<Workload, String> {
                 .unwrap_or_else(|| "trace".into());
             workload::trace_workload(path, &name, a.seed, &sm, a.speed, a.rate_mult)?
         }
-        (None, None) => return Err("give --scenario NAME or --trace CSV".into()),
+        (None, None) => return Err(SimError::NoWorkload),
     };
     if let Some(d) = a.duration {
         w.truncate(us(d));
@@ -462,7 +481,7 @@ pub fn main(a: SimArgs) -> ExitCode {
     };
     let w = match load_workload(&a) {
         Ok(w) => w,
-        Err(e) => return usage(e),
+        Err(e) => return usage(e.to_string()),
     };
     let (slots, slots_from) = config
         .model(&model)
@@ -478,7 +497,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         &w,
     ) {
         Ok(s) => s,
-        Err(e) => return usage(e),
+        Err(e) => return usage(e.to_string()),
     };
     setup.params.decisions = a.decisions;
     if let Some(why) = header::nothing_measured(&w, &setup) {

@@ -71,8 +71,8 @@ impl Gate {
     pub fn open_with(
         &self,
         spawned: &AtomicBool,
-        place: impl FnOnce(u32) -> Result<(), String>,
-    ) -> Option<Result<u32, String>> {
+        place: impl FnOnce(u32) -> Result<(), super::ContainmentError>,
+    ) -> Option<Result<u32, super::ContainmentError>> {
         let deadline = Instant::now() + REACH;
         let pid = loop {
             if spawned.load(Ordering::Acquire) || Instant::now() > deadline {

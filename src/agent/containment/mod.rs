@@ -37,6 +37,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
+
+/// Why containment could not do what the rest of the shell asked of it. The words name the
+/// cgroup, the unit or the process, for the operator; the kind says which part failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContainmentError {
+    /// The cgroup2 tree: a replica's cgroup made, moved into, killed or removed.
+    #[error("{0}")]
+    Cgroup(String),
+    /// systemd over the system bus: a replica's scope started or stopped.
+    #[error("{0}")]
+    Systemd(String),
+    /// Nothing answers the port on loopback.
+    #[error("nothing listens on port {port} on loopback")]
+    NoListener { port: u16 },
+    /// Another process answers the replica's port.
+    #[error("port {port} is answered by {who}, not by a process of this replica")]
+    NotTheReplica { port: u16, who: String },
+}
 use nix::unistd::Pid;
 
 pub use cgroup::{mount as cgroup2_mount, Cgroup};
@@ -172,13 +190,16 @@ impl Containment {
     }
 
     /// Stops a leftover: everything in it is killed and it is removed.
-    pub fn stop_leftover(&self, l: &Leftover) -> Result<(), String> {
+    pub fn stop_leftover(&self, l: &Leftover) -> Result<(), ContainmentError> {
         match &self.backend {
             Backend::Subtree(_) => match &l.cgroup {
-                Some(cg) => cg.kill_and_remove(EMPTY_PATIENCE).map(|_| ()),
+                Some(cg) => cg
+                    .kill_and_remove(EMPTY_PATIENCE)
+                    .map(|_| ())
+                    .map_err(ContainmentError::Cgroup),
                 None => Ok(()),
             },
-            Backend::Scopes(s) => s.stop(&l.replica),
+            Backend::Scopes(s) => s.stop(&l.replica).map_err(ContainmentError::Systemd),
             Backend::Groups(_) => Ok(()),
         }
     }
@@ -186,9 +207,12 @@ impl Containment {
     // ---- starting a replica --------------------------------------------------------------
 
     /// Before fork: the replica's cgroup, created empty (cgroup2 mode).
-    pub fn prepare(&self, spec: &SpawnSpec) -> Result<Placement, String> {
+    pub fn prepare(&self, spec: &SpawnSpec) -> Result<Placement, ContainmentError> {
         let cgroup = match &self.backend {
-            Backend::Subtree(s) => Some(s.create(spec.replica.as_str())?),
+            Backend::Subtree(s) => Some(
+                s.create(spec.replica.as_str())
+                    .map_err(ContainmentError::Cgroup)?,
+            ),
             _ => None,
         };
         Ok(Placement {
@@ -211,20 +235,25 @@ impl Containment {
     }
 
     /// Puts the waiting child in its cgroup or scope.
-    pub fn place(&self, p: &Placement, pid: u32) -> Result<(), String> {
+    pub fn place(&self, p: &Placement, pid: u32) -> Result<(), ContainmentError> {
         match &self.backend {
             Backend::Subtree(_) => {
                 let cg = p.cgroup.lock().unwrap_or_else(|e| e.into_inner());
                 match cg.as_ref() {
-                    Some(cg) => cg
-                        .attach(pid)
-                        .map_err(|e| format!("moving pid {pid} into {}: {e}", cg.dir.display())),
-                    None => Err("no cgroup prepared".into()),
+                    Some(cg) => cg.attach(pid).map_err(|e| {
+                        ContainmentError::Cgroup(format!(
+                            "moving pid {pid} into {}: {e}",
+                            cg.dir.display()
+                        ))
+                    }),
+                    None => Err(ContainmentError::Cgroup("no cgroup prepared".into())),
                 }
             }
             Backend::Scopes(s) => {
                 let description = format!("hearth replica {} (model {})", p.replica, p.model);
-                let cg = s.start(p.replica.as_str(), &description, pid, p.stop_grace)?;
+                let cg = s
+                    .start(p.replica.as_str(), &description, pid, p.stop_grace)
+                    .map_err(ContainmentError::Systemd)?;
                 *p.cgroup.lock().unwrap_or_else(|e| e.into_inner()) = Some(cg);
                 Ok(())
             }
@@ -323,13 +352,13 @@ impl Containment {
 
     /// Checks that every listening socket on `port` that can answer loopback belongs to a
     /// process of the replica. The error names who holds it instead.
-    pub fn verify_listener(&self, replica: &ReplicaId, port: u16) -> Result<(), String> {
+    pub fn verify_listener(&self, replica: &ReplicaId, port: u16) -> Result<(), ContainmentError> {
         let listeners: Vec<_> = listeners::listening_on(port)
             .into_iter()
             .filter(|l| l.local)
             .collect();
         if listeners.is_empty() {
-            return Err(format!("nothing listens on port {port} on loopback"));
+            return Err(ContainmentError::NoListener { port });
         }
         let members = self.members(replica);
         let mut all: Option<Vec<u32>> = None;
@@ -342,9 +371,7 @@ impl Containment {
                 Some(p) => procfs::describe(p),
                 None => "a process hearth cannot see".to_string(),
             };
-            return Err(format!(
-                "port {port} is answered by {who}, not by a process of this replica"
-            ));
+            return Err(ContainmentError::NotTheReplica { port, who });
         }
         Ok(())
     }

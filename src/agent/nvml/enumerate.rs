@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::driver::{DevRef, Driver, DriverError};
-use crate::core::{GpuDevice, Link, MigSlice, PeerLink};
+use crate::core::{GpuDevice, GpuFault, Link, MigSlice, PeerLink};
 
 /// A bound on what a driver may claim, so that no loop is sized by its answer alone.
 const MAX_DEVICES: u32 = 256;
@@ -148,13 +148,12 @@ impl Enumerator {
             .get(&i)
             .cloned()
             .unwrap_or_else(|| GpuDevice::new(i, lost_name(i), "unknown (lost)", 0));
-        let why =
-            "lost: the GPU has fallen off the bus or is otherwise inaccessible (NVML: GPU_IS_LOST)";
+        let why = GpuFault::Lost;
         self.once(
             tracing::Level::ERROR,
             format!("NVML: GPU {i} ({}) is {why}", d.uuid),
         );
-        d.fault = Some(why.to_string());
+        d.fault = Some(why);
         d.metered = false;
         d.links.clear();
         d
@@ -169,7 +168,7 @@ impl Enumerator {
         parent: &str,
         parent_name: &str,
     ) -> Vec<GpuDevice> {
-        let faulted = |why: String| {
+        let faulted = |why: GpuFault| {
             let mut d = GpuDevice::new(i, parent, parent_name, 0);
             d.fault = Some(why);
             vec![d]
@@ -177,7 +176,7 @@ impl Enumerator {
         let slots = match drv.mig_slots(i) {
             Ok(n) => n.min(MAX_MIG_SLOTS),
             Err(e) => {
-                let why = format!("MIG mode is on and its instances cannot be read ({e})");
+                let why = GpuFault::MigUnreadable(e.to_string());
                 self.once(
                     tracing::Level::ERROR,
                     format!("NVML: GPU {i} ({parent}): {why}"),
@@ -225,8 +224,7 @@ impl Enumerator {
             out.push(d);
         }
         if out.is_empty() {
-            let why =
-                "MIG mode is on but it has no MIG instances: nothing can run on it".to_string();
+            let why = GpuFault::MigWithoutInstances;
             self.once(
                 tracing::Level::WARN,
                 format!("NVML: GPU {i} ({parent}): {why}"),

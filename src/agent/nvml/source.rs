@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::driver::{event_bits, DevRef, Driver, DriverError, SetId};
 use super::enumerate::Enumerator;
 use crate::agent::gpu_monitor::{DeviceMemory, GpuSource, News, Xid};
-use crate::core::{GpuDevice, RecoveryAction};
+use crate::core::{GpuDevice, GpuFault, RecoveryAction};
 
 /// NVIDIA's XID for a GPU that has fallen off the bus.
 const XID_FALLEN_OFF_THE_BUS: u64 = 79;
@@ -69,7 +69,7 @@ impl<D: Driver> NvmlSource<D> {
         // Whole GPUs by index: a device, or the parent of MIG instances.
         let mut wanted: BTreeMap<u32, (String, BTreeMap<u32, String>)> = BTreeMap::new();
         for d in &devices {
-            if d.fault.as_deref().is_some_and(|f| f.starts_with("lost")) {
+            if d.fault == Some(GpuFault::Lost) {
                 self.mark_lost(d.index, &d.uuid);
                 continue;
             }

@@ -17,7 +17,8 @@ use crate::agent::inbox::{self, EventSink, ShellMsg};
 use crate::agent::inventory::Inventory;
 use crate::core::harness::{gpu_model, on_device, Harness, BASE};
 use crate::core::{
-    Action, Event, GpuDevice, GpuProcess, GpuReading, Link, RecoveryAction, ReplicaState,
+    Action, Event, ExitStatus, GpuDevice, GpuFault, GpuProcess, GpuReading, Link, RecoveryAction,
+    ReplicaState,
 };
 
 const GIB: u64 = 1 << 30;
@@ -314,7 +315,13 @@ fn a_gpu_in_mig_mode_without_instances_is_listed_faulted() {
     let d = ScriptedDriver::new(g);
     let (_, devices) = source(&d);
     assert_eq!(devices.len(), 1);
-    assert!(devices[0].fault.as_deref().unwrap_or("").contains("MIG"));
+    assert_eq!(devices[0].fault, Some(GpuFault::MigWithoutInstances));
+    assert!(devices[0]
+        .fault
+        .as_ref()
+        .unwrap()
+        .to_string()
+        .contains("MIG"));
 }
 
 #[test]
@@ -325,10 +332,12 @@ fn a_gpu_lost_at_start_is_reported_once_and_takes_nothing() {
     let (mut s, devices) = source(&d);
     assert_eq!(devices.len(), 3, "listed, not dropped");
     assert_eq!(devices[1].uuid, "lost-1");
+    assert_eq!(devices[1].fault, Some(GpuFault::Lost));
     assert!(devices[1]
         .fault
-        .as_deref()
-        .unwrap_or("")
+        .as_ref()
+        .unwrap()
+        .to_string()
         .starts_with("lost"));
     // Reported as XID 79 for it, once, however often it is asked about.
     let mut got = news(&mut s, 2, Duration::from_secs(5));
@@ -512,7 +521,13 @@ fn a_device_that_disappears_is_sent_as_an_inventory_and_reservations_stay_with_t
     let old = on(&h, "GPU-0");
     assert_eq!(old.len(), 1, "held until it has left");
     for id in old {
-        h.exit(&id, "signal: 15 (SIGTERM)");
+        h.exit(
+            &id,
+            ExitStatus::Signaled {
+                signal: 15,
+                core_dumped: false,
+            },
+        );
     }
     let out = h.send(Event::Tick);
     h.settle(out);

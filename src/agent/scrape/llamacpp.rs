@@ -13,12 +13,12 @@
 //! Both gauges are plain (unlabelled) and are read once per `/metrics` call from the server's
 //! task loop, so they are consistent with each other.
 
-use super::Exposition;
+use super::{Exposition, ScrapeError};
 use crate::core::ScrapedQueue;
 
 const FORMAT: &str = "llama.cpp (llama-server --metrics)";
 
-pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
+pub fn queue(e: &Exposition) -> Result<ScrapedQueue, ScrapeError> {
     let deferred = e.require_count("llamacpp:requests_deferred", FORMAT)?;
     let processing = e.require_count("llamacpp:requests_processing", FORMAT)?;
     Ok(ScrapedQueue {
@@ -70,7 +70,9 @@ mod tests {
     #[test]
     fn a_server_without_the_gauges_is_an_error() {
         let old = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n";
-        let err = queue(&Exposition::parse(old).unwrap()).unwrap_err();
+        let err = queue(&Exposition::parse(old).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("llamacpp:requests_deferred"), "{err}");
     }
 }

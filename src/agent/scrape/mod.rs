@@ -31,6 +31,39 @@ use crate::core::ScrapedQueue;
 /// A metrics page larger than this is refused rather than buffered.
 const MAX_BODY: usize = 8 << 20;
 
+/// Why a scrape gave no queue: the page could not be had, was not the text format, or lacks
+/// what the server's format needs. The core takes it as no signal and logs its words.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("connection refused")]
+    Refused,
+    #[error("request failed: {0}")]
+    Request(String),
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: metrics larger than {} bytes", MAX_BODY)]
+    TooLarge { url: String },
+    #[error("GET {url}: metrics are not UTF-8")]
+    NotUtf8 { url: String },
+    #[error("the metrics page is empty")]
+    Empty,
+    #[error("not the Prometheus text format: {0}")]
+    NotTextFormat(String),
+    #[error("the metrics lack {name}: is this a {format} server, with metrics enabled?")]
+    Lacks { name: String, format: String },
+    #[error("{name} is {value}, not a count")]
+    NotACount { name: String, value: f64 },
+    /// Triton's `models`: none of them is on the page.
+    #[error("{format}: none of the models {models:?} is on the page ({series})")]
+    NoModel {
+        format: String,
+        models: Vec<String>,
+        series: String,
+    },
+}
+
 /// Fetches `url` within `timeout` and derives the queue by `format`. Any failure — refused,
 /// timed out, not 200, too large, unparseable, or lacking the format's metrics — is an `Err`
 /// that says which, and the core treats it as no signal.
@@ -40,13 +73,13 @@ pub async fn run(
     format: ScrapeFormat,
     models: &[String],
     timeout: Duration,
-) -> Result<ScrapedQueue, String> {
+) -> Result<ScrapedQueue, ScrapeError> {
     let text = fetch(client, url, timeout).await?;
     derive_for(&text, format, models)
 }
 
 /// The queue from one exposition, by format.
-pub fn derive(text: &str, format: ScrapeFormat) -> Result<ScrapedQueue, String> {
+pub fn derive(text: &str, format: ScrapeFormat) -> Result<ScrapedQueue, ScrapeError> {
     derive_for(text, format, &[])
 }
 
@@ -56,7 +89,7 @@ pub fn derive_for(
     text: &str,
     format: ScrapeFormat,
     models: &[String],
-) -> Result<ScrapedQueue, String> {
+) -> Result<ScrapedQueue, ScrapeError> {
     let e = Exposition::parse(text)?;
     match format {
         ScrapeFormat::Vllm => vllm::queue(&e),
@@ -66,7 +99,11 @@ pub fn derive_for(
     }
 }
 
-async fn fetch(client: &reqwest::Client, url: &str, timeout: Duration) -> Result<String, String> {
+async fn fetch(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<String, ScrapeError> {
     // The timeout covers connecting, the headers and the whole body.
     let mut resp = client
         .get(url)
@@ -78,24 +115,31 @@ async fn fetch(client: &reqwest::Client, url: &str, timeout: Duration) -> Result
         .map_err(|e| request_error(&e, timeout))?;
     let status = resp.status();
     if !status.is_success() {
-        return Err(format!("GET {url}: HTTP {}", status.as_u16()));
+        return Err(ScrapeError::Status {
+            url: url.to_string(),
+            status: status.as_u16(),
+        });
     }
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| request_error(&e, timeout))? {
         if body.len() + chunk.len() > MAX_BODY {
-            return Err(format!("GET {url}: metrics larger than {MAX_BODY} bytes"));
+            return Err(ScrapeError::TooLarge {
+                url: url.to_string(),
+            });
         }
         body.extend_from_slice(&chunk);
     }
-    String::from_utf8(body).map_err(|_| format!("GET {url}: metrics are not UTF-8"))
+    String::from_utf8(body).map_err(|_| ScrapeError::NotUtf8 {
+        url: url.to_string(),
+    })
 }
 
-fn request_error(e: &reqwest::Error, timeout: Duration) -> String {
+fn request_error(e: &reqwest::Error, timeout: Duration) -> ScrapeError {
     if e.is_timeout() {
-        return format!("no answer within {timeout:?}");
+        return ScrapeError::Timeout(timeout);
     }
     if e.is_connect() {
-        return "connection refused".to_string();
+        return ScrapeError::Refused;
     }
     let mut msg = e.to_string();
     let mut source = std::error::Error::source(e);
@@ -103,7 +147,7 @@ fn request_error(e: &reqwest::Error, timeout: Duration) -> String {
         msg = s.to_string();
         source = s.source();
     }
-    format!("request failed: {msg}")
+    ScrapeError::Request(msg)
 }
 
 /// One series' sample: its labels and value.
@@ -131,14 +175,14 @@ pub struct Exposition {
 }
 
 impl Exposition {
-    pub fn parse(text: &str) -> Result<Exposition, String> {
+    pub fn parse(text: &str) -> Result<Exposition, ScrapeError> {
         // Per-family errors (say, a TYPE line with no samples) cost only that family; a line
         // that is not the text format at all rejects the page.
         let (metrics, error) = prom_text_format_parser::parse_scrape(text);
         if metrics.is_empty() {
             return Err(match error {
-                Some(e) => format!("not the Prometheus text format: {}", brief(&e)),
-                None => "the metrics page is empty".to_string(),
+                Some(e) => ScrapeError::NotTextFormat(brief(&e)),
+                None => ScrapeError::Empty,
             });
         }
         let mut series: HashMap<String, Vec<Point>> = HashMap::new();
@@ -193,12 +237,16 @@ impl Exposition {
     }
 
     /// As [`Exposition::count`], but the format cannot do without it.
-    pub fn require_count(&self, name: &str, format: &str) -> Result<u64, String> {
+    pub fn require_count(&self, name: &str, format: &str) -> Result<u64, ScrapeError> {
         match self.sum(name) {
-            None => Err(format!(
-                "the metrics lack {name}: is this a {format} server, with metrics enabled?"
-            )),
-            Some(v) => to_count(v).ok_or_else(|| format!("{name} is {v}, not a count")),
+            None => Err(ScrapeError::Lacks {
+                name: name.to_string(),
+                format: format.to_string(),
+            }),
+            Some(value) => to_count(value).ok_or_else(|| ScrapeError::NotACount {
+                name: name.to_string(),
+                value,
+            }),
         }
     }
 }
@@ -291,9 +339,11 @@ mod tests {
     fn pages_that_are_not_the_text_format_are_errors() {
         assert!(Exposition::parse("").is_err());
         let html = "<html><body>Not Found</body></html>\n";
-        let err = Exposition::parse(html).unwrap_err();
+        let err = Exposition::parse(html).unwrap_err().to_string();
         assert!(err.contains("not the Prometheus text format"), "{err}");
-        let err = derive("{\"error\":\"no metrics\"}", ScrapeFormat::Vllm).unwrap_err();
+        let err = derive("{\"error\":\"no metrics\"}", ScrapeFormat::Vllm)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not the Prometheus text format"), "{err}");
     }
 
@@ -307,7 +357,7 @@ mod tests {
         assert_eq!(e.count("j"), Some(3));
         assert_eq!(e.count("k"), Some(25));
         assert_eq!(e.count("absent"), None);
-        let err = e.require_count("absent", "vLLM").unwrap_err();
+        let err = e.require_count("absent", "vLLM").unwrap_err().to_string();
         assert!(err.contains("lack absent") && err.contains("vLLM"), "{err}");
     }
 
@@ -319,7 +369,7 @@ mod tests {
             (fixtures::TGI, ScrapeFormat::Triton),
             (fixtures::TRITON, ScrapeFormat::Llamacpp),
         ] {
-            let err = derive(text, wrong).unwrap_err();
+            let err = derive(text, wrong).unwrap_err().to_string();
             assert!(err.contains("the metrics lack"), "{wrong:?}: {err}");
         }
     }
@@ -387,7 +437,8 @@ mod tests {
             Duration::from_millis(300),
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("no answer within 300ms"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(2));
     }
@@ -407,7 +458,8 @@ mod tests {
             Duration::from_secs(1),
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(err, "connection refused");
         let url = serve_once(Some(http("503 Service Unavailable", "loading"))).await;
         let err = run(
@@ -418,7 +470,8 @@ mod tests {
             Duration::from_secs(1),
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.ends_with("HTTP 503"), "{err}");
     }
 
@@ -435,7 +488,8 @@ mod tests {
             Duration::from_secs(5),
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("larger than"), "{err}");
     }
 }

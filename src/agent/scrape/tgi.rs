@@ -11,12 +11,12 @@
 //!   request that has finished, one way or the other.
 //! - `oldest_wait_ms`: none; TGI does not show the age of its oldest queued request.
 
-use super::Exposition;
+use super::{Exposition, ScrapeError};
 use crate::core::{QueueTime, ScrapedQueue};
 
 const FORMAT: &str = "TGI (text-generation-inference)";
 
-pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
+pub fn queue(e: &Exposition) -> Result<ScrapedQueue, ScrapeError> {
     let queued = e.require_count("tgi_queue_size", FORMAT)?;
     let batch = e.require_count("tgi_batch_current_size", FORMAT)?;
     let queue_time = match (

@@ -28,7 +28,7 @@
 //! requests waited in its steps' queues. `queue_depth` still sums every model: a waiting request
 //! waits in one queue at a time.
 
-use super::{Exposition, Point};
+use super::{Exposition, Point, ScrapeError};
 use crate::core::{QueueTime, ScrapedQueue};
 
 const FORMAT: &str = "Triton (metrics port)";
@@ -38,21 +38,23 @@ fn trtllm(kind: &'static str) -> impl Fn(&Point) -> bool {
 }
 
 #[cfg(test)]
-pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
+pub fn queue(e: &Exposition) -> Result<ScrapedQueue, ScrapeError> {
     queue_of(e, &[])
 }
 
 /// The queue, with the request counters of `models` alone (empty: every model).
-pub fn queue_of(e: &Exposition, models: &[String]) -> Result<ScrapedQueue, String> {
+pub fn queue_of(e: &Exposition, models: &[String]) -> Result<ScrapedQueue, ScrapeError> {
     let called = |p: &Point| {
         models.is_empty()
             || p.label("model")
                 .is_some_and(|m| models.iter().any(|n| n == m))
     };
     if !models.is_empty() && !e.points("nv_inference_request_success").iter().any(&called) {
-        return Err(format!(
-            "{FORMAT}: none of the models {models:?} is on the page (nv_inference_request_success)"
-        ));
+        return Err(ScrapeError::NoModel {
+            format: FORMAT.to_string(),
+            models: models.to_vec(),
+            series: "nv_inference_request_success".to_string(),
+        });
     }
     let sum = |name: &str| e.sum_where(name, called);
     let count = |name: &str| sum(name).and_then(super::to_count);
@@ -130,7 +132,7 @@ mod tests {
         assert!((qt.total_ms - 6_002.0).abs() < 1e-9, "{}", qt.total_ms);
         assert_eq!(ens.completed, Some(120));
         assert_eq!(ens.queue_depth, 4, "waiting requests in every step's queue");
-        let err = queue_of(&e, &["nope".to_string()]).unwrap_err();
+        let err = queue_of(&e, &["nope".to_string()]).unwrap_err().to_string();
         assert!(err.contains("nope"), "{err}");
     }
 

@@ -18,12 +18,12 @@
 //! - `arrived`: none; vLLM counts no arrivals.
 //! - `oldest_wait_ms`: none; vLLM does not show the age of its oldest waiting request.
 
-use super::Exposition;
+use super::{Exposition, ScrapeError};
 use crate::core::{QueueTime, ScrapedQueue};
 
 const FORMAT: &str = "vLLM";
 
-pub fn queue(e: &Exposition) -> Result<ScrapedQueue, String> {
+pub fn queue(e: &Exposition) -> Result<ScrapedQueue, ScrapeError> {
     let waiting = e.require_count("vllm:num_requests_waiting", FORMAT)?;
     let running = e.require_count("vllm:num_requests_running", FORMAT)?;
     let swapped = e.count("vllm:num_requests_swapped").unwrap_or(0);

@@ -212,7 +212,7 @@ fn rolls_out_after(how: Adoption) {
     }
     // The stopped one exits (start_alone: nothing new starts on its GPU before).
     let mark = h.log.len();
-    h.exit(&ReplicaId("a-3".into()), "exit status 0");
+    h.exit(&ReplicaId("a-3".into()), crate::core::ExitStatus::Code(0));
     h.send(Event::Tick);
     let tick = h.log[mark..].to_vec();
     let new: Vec<&SpawnSpec> = tick
@@ -381,7 +381,7 @@ fn a_record_of_a_model_no_longer_configured_is_drained_then_stopped_and_killed()
     assert!(signals(&drained, StopSignal::Term).contains(&b1));
     let killed = h.run_for(super::lifecycle::ORPHAN_STOP_GRACE + std::time::Duration::from_secs(1));
     assert!(signals(&killed, StopSignal::Kill).contains(&b1));
-    h.exit(&b1, "signal: 9 (SIGKILL)");
+    h.exit(&b1, crate::core::harness::KILLED);
     assert!(!h.node.replicas.contains_key(&b1));
 }
 

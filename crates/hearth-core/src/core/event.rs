@@ -1,13 +1,15 @@
 //! What the world tells the core (events) and what the core asks of the world (actions).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use super::exit::{ExitStatus, SpawnError};
 use super::gpu::GpuDevice;
 use super::model::Overrides;
 use super::replica::ReplicaId;
 use super::xid::RecoveryAction;
-use crate::config::{Config, ScrapeFormat};
+use crate::config::{Config, ConfigError, ScrapeFormat};
 use crate::protocol::{Answer, Request, Role, WatchEvent};
 
 /// Ties a control request to its answer; chosen by the shell.
@@ -233,6 +235,47 @@ impl std::fmt::Display for ReloadCause {
     }
 }
 
+/// Why a reload's read of the configuration file gave no configuration to apply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConfigReadError {
+    /// The file could not be read, or it did not pass the checks (FILE[:LINE]: KEY: why).
+    Invalid(ConfigError),
+    /// The default account for the models without `user` could not be made (the tool's words).
+    Account(String),
+    /// The thread that read the file failed.
+    Failed { path: PathBuf, error: String },
+    /// No data came within the deadline (a FIFO at the path, a hung filesystem).
+    TimedOut { path: PathBuf, after: Duration },
+    /// The scale overrides in force do not fit the new file (the core's own check).
+    Overrides { path: PathBuf, why: String },
+}
+
+impl std::fmt::Display for ConfigReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigReadError::Invalid(e) => write!(f, "{e}"),
+            ConfigReadError::Account(why) => f.write_str(why),
+            ConfigReadError::Failed { path, error } => {
+                write!(f, "{}: -: reading failed: {error}", path.display())
+            }
+            ConfigReadError::TimedOut { path, after } => write!(
+                f,
+                "{}: -: cannot read configuration file: no data within {} s",
+                path.display(),
+                after.as_secs()
+            ),
+            ConfigReadError::Overrides { path, why } => write!(
+                f,
+                "{}: {why}; widen daemon.ports, or clear an override with `hearth scale MODEL \
+                 --reset`",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigReadError {}
+
 /// A configuration file read for a reload.
 #[derive(Debug, Clone)]
 pub struct NewConfig {
@@ -255,13 +298,13 @@ pub enum Event {
     },
     SpawnFailed {
         replica: ReplicaId,
-        error: String,
+        error: SpawnError,
     },
     /// The replica's leader process exited (the shell has already killed what was left of its
     /// process group).
     Exited {
         replica: ReplicaId,
-        status: String,
+        status: ExitStatus,
     },
     Probed {
         replica: ReplicaId,
@@ -283,7 +326,7 @@ pub enum Event {
     ReloadSignal,
     /// The configuration file as the shell read it after `Action::ReadConfig`: validated, with
     /// what cannot change live pinned to the running values; or why it could not be read.
-    ConfigRead(Result<Box<NewConfig>, String>),
+    ConfigRead(Result<Box<NewConfig>, ConfigReadError>),
     /// What the shell found comparing the configuration file with what runs (after an upgrade,
     /// which carries the running configuration across): None, the same; else how it differs.
     ConfigFile {

@@ -29,7 +29,7 @@ pub struct GpuDevice {
     pub links: Vec<PeerLink>,
     /// Why the inventory found the device unusable (lost, MIG mode without instances…); such a
     /// device takes nothing and what it holds moves off.
-    pub fault: Option<String>,
+    pub fault: Option<GpuFault>,
     /// NVML will report the device's memory: start-up placement waits (briefly) for the first
     /// reading, so that memory someone else holds is known before anything is placed.
     pub metered: bool,
@@ -152,8 +152,36 @@ pub struct GpuSlot {
     pub gone: bool,
 }
 
-/// The fault of a device the inventory no longer reports.
-pub const GONE: &str = "no longer reported by the inventory";
+/// Why the inventory found a device unusable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuFault {
+    /// NVML says GPU_IS_LOST: fallen off the bus or otherwise inaccessible.
+    Lost,
+    /// A GPU in MIG mode whose instances cannot be read (NVML's words).
+    MigUnreadable(String),
+    /// A GPU in MIG mode with no instances: nothing can run on it whole.
+    MigWithoutInstances,
+    /// Gone from the inventory while holding replicas: kept until they have moved off.
+    Gone,
+}
+
+impl std::fmt::Display for GpuFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuFault::Lost => f.write_str(
+                "lost: the GPU has fallen off the bus or is otherwise inaccessible (NVML: \
+                 GPU_IS_LOST)",
+            ),
+            GpuFault::MigUnreadable(e) => {
+                write!(f, "MIG mode is on and its instances cannot be read ({e})")
+            }
+            GpuFault::MigWithoutInstances => {
+                f.write_str("MIG mode is on but it has no MIG instances: nothing can run on it")
+            }
+            GpuFault::Gone => f.write_str("no longer reported by the inventory"),
+        }
+    }
+}
 
 impl GpuSlot {
     fn new(device: GpuDevice) -> GpuSlot {
@@ -231,10 +259,10 @@ impl GpuTable {
                 continue;
             }
             let known = self.slots.iter().find(|s| s.device.uuid == d.uuid);
-            let newly_faulted = d.fault.is_some()
-                && known.is_none_or(|k| k.device.fault.as_deref() != d.fault.as_deref());
+            let newly_faulted =
+                d.fault.is_some() && known.is_none_or(|k| k.device.fault != d.fault);
             if let (true, Some(why)) = (newly_faulted, &d.fault) {
-                change.faulted.push((d.uuid.clone(), why.clone()));
+                change.faulted.push((d.uuid.clone(), why.to_string()));
             }
             match known {
                 Some(k) => {
@@ -262,7 +290,7 @@ impl GpuTable {
                 change.vanished.push(gone.device.uuid.clone());
             }
             gone.gone = true;
-            gone.device.fault = Some(GONE.to_string());
+            gone.device.fault = Some(GpuFault::Gone);
             gone.device.metered = false;
             slots.push(gone);
         }
@@ -369,7 +397,7 @@ impl GpuTable {
                 memory_used: s.memory_used,
                 memory_foreign: s.memory_used.map(|_| s.memory_foreign),
                 note: match (&s.device.fault, s.note.is_empty()) {
-                    (Some(f), true) => Some(f.clone()),
+                    (Some(f), true) => Some(f.to_string()),
                     (Some(f), false) => Some(format!("{f}; {}", s.note)),
                     (None, false) => Some(s.note.clone()),
                     (None, true) => None,

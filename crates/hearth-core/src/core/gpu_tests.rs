@@ -227,7 +227,7 @@ fn a_higher_priority_model_reclaims_a_lower_priority_warm_replica_on_a_full_devi
         "the warm one goes, routed capacity stays"
     );
     assert_eq!(spawns(&out), 0, "the GPU is free only once it exited");
-    let out = h.exit(&warm[0], "exit status 0");
+    let out = h.exit(&warm[0], crate::core::ExitStatus::Code(0));
     let spawned: Vec<String> = out
         .iter()
         .filter_map(|a| match a {
@@ -292,7 +292,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     assert_eq!(draining.len(), 1);
     assert_eq!(h.node.models["low"].desired_routed, 1);
     h.report("low", Some(&draining[0].0), 0.0, 0, 0);
-    let out = h.exit(&draining[0], "exit status 0");
+    let out = h.exit(&draining[0], crate::core::ExitStatus::Code(0));
     assert_eq!(spawns(&out), 1);
     h.settle(out);
     assert_eq!(routed_total(&h, "low"), 1, "min holds");

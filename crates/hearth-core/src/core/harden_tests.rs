@@ -532,7 +532,7 @@ fn shrink_to(h: &mut Harness, to: u32) -> usize {
                 .count();
             assert!(gone <= batch + 1, "{gone} gone with one event");
             for id in term {
-                events.push(h.exit(&id, "exit status 0"));
+                events.push(h.exit(&id, crate::core::ExitStatus::Code(0)));
             }
         }
         if replicas_of(h, "a") == to as usize {

@@ -14,6 +14,22 @@ use super::*;
 use crate::config::Config;
 use crate::protocol::{Report, Request, WatchEvent};
 
+/// A reload's read refused as the shell's checks say it: `FILE[:LINE]: KEY: message`.
+pub fn refused(file: &str, line: Option<usize>, key: &str, message: &str) -> ConfigReadError {
+    ConfigReadError::Invalid(crate::config::ConfigError {
+        file: file.into(),
+        line,
+        key: key.into(),
+        message: message.into(),
+    })
+}
+
+/// A replica's end as SIGKILL leaves it.
+pub const KILLED: ExitStatus = ExitStatus::Signaled {
+    signal: 9,
+    core_dumped: false,
+};
+
 pub const BASE: &str = r#"
 [daemon]
 socket = "/tmp/hearth-test.sock"
@@ -247,10 +263,10 @@ impl Harness {
         panic!("did not settle");
     }
 
-    pub fn exit(&mut self, id: &ReplicaId, status: &str) -> Vec<Action> {
+    pub fn exit(&mut self, id: &ReplicaId, status: ExitStatus) -> Vec<Action> {
         self.send(Event::Exited {
             replica: id.clone(),
-            status: status.into(),
+            status,
         })
     }
 

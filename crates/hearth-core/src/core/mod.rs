@@ -22,6 +22,7 @@ mod autoscaler_tests;
 mod capacity;
 mod daemon_facts;
 mod event;
+mod exit;
 mod fleet;
 mod front_door;
 #[cfg(test)]
@@ -74,11 +75,12 @@ pub mod xid;
 
 pub use adopt::{Adoption, Ledger, ModelRecord, ReplicaRecord};
 pub use event::{
-    Action, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind, ProbeOutcome,
-    ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec, StopSignal,
-    Usage,
+    Action, ConfigReadError, Event, GpuProcess, GpuReading, LogLevel, NewConfig, Peer, ProbeKind,
+    ProbeOutcome, ProbeSpec, QueueTime, Readiness, ReloadCause, RequestId, ScrapedQueue, SpawnSpec,
+    StopSignal, Usage,
 };
-pub use gpu::{GpuDevice, Link, MigSlice, PeerLink};
+pub use exit::{signal_name, ExitStatus, SpawnError};
+pub use gpu::{GpuDevice, GpuFault, Link, MigSlice, PeerLink};
 pub use model::Overrides;
 pub use node::Node;
 pub use overrides::check as check_overrides;

@@ -446,7 +446,7 @@ mod tests {
         let mut t = GpuTable::new(vec![dev(0, 80), dev(1, 80), dev(2, 80)]);
         t.slots[0].cordoned = true;
         t.slots[1].healthy = false;
-        t.slots[2].device.fault = Some("lost".into());
+        t.slots[2].device.fault = Some(super::super::gpu::GpuFault::Lost);
         assert!(place(&t, 1, Some(1), Placement::Pack).is_err());
         assert_eq!(t.find("GPU-1"), Some(1));
         assert_eq!(t.find("0"), Some(0));

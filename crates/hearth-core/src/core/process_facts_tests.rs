@@ -165,7 +165,7 @@ fn a_process_in_a_replicas_cgroup_reports_for_that_replica_only() {
         "forbidden"
     );
     // A replica that has gone no longer vouches for anyone.
-    h.exit(&ids[0], "exit status 0");
+    h.exit(&ids[0], crate::core::ExitStatus::Code(0));
     assert_eq!(h.request(worker, rep(None))["error"], "forbidden");
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::event::{Action, LogLevel, NewConfig, ReloadCause, RequestId};
+use super::event::{Action, ConfigReadError, LogLevel, NewConfig, ReloadCause, RequestId};
 use super::model::{ModelState, Rollout, ROLLOUT_FAILURES};
 use super::node::Node;
 use super::Time;
@@ -85,7 +85,7 @@ impl Node {
     /// answered reload is in force everywhere.
     pub(super) fn config_read(
         &mut self,
-        read: Result<Box<NewConfig>, String>,
+        read: Result<Box<NewConfig>, ConfigReadError>,
         now: Time,
         out: &mut Vec<Action>,
     ) {
@@ -104,11 +104,10 @@ impl Node {
         let read = read.and_then(
             |new| match super::overrides::check(&new.config, &overrides) {
                 Ok(()) => Ok(new),
-                Err(why) => Err(format!(
-                    "{}: {why}; widen daemon.ports, or clear an override with `hearth scale MODEL \
-                 --reset`",
-                    new.config.path.display()
-                )),
+                Err(why) => Err(ConfigReadError::Overrides {
+                    path: new.config.path.clone(),
+                    why,
+                }),
             },
         );
         let answer = match read {
@@ -123,7 +122,7 @@ impl Node {
                 ))
             }
             Err(e) => {
-                self.config_file_reloaded(Some(&e));
+                self.config_file_reloaded(Some(&e.to_string()));
                 self.log_global(
                     LogLevel::Error,
                     format!("{cause}: configuration not reloaded, the running one is kept: {e}"),

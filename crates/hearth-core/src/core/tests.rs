@@ -73,7 +73,7 @@ fn a_dead_routed_replica_is_replaced_by_promotion_at_once_and_the_pool_refills()
     h.settle(first);
     let routed = h.in_state("m", ReplicaState::Routed);
     let warm = h.in_state("m", ReplicaState::Warm);
-    let out = h.exit(&routed[0], "killed by SIGKILL");
+    let out = h.exit(&routed[0], crate::core::harness::KILLED);
     // Same event: the warm replica is routed, no tick needed.
     let sets = routed_sets(&out);
     assert_eq!(sets.len(), 1);
@@ -125,7 +125,7 @@ fn time_to_ready_is_the_core_s_figure_and_a_promotion_counts_when_the_replica_wa
     let warm = h.in_state("m", ReplicaState::Warm);
     assert_eq!((routed.len(), warm.len()), (2, 1));
     // A warm replica routed by a later event is a promotion.
-    let out = h.exit(&routed[0], "killed by SIGKILL");
+    let out = h.exit(&routed[0], crate::core::harness::KILLED);
     assert_eq!(readiness(&out), [(warm[0].clone(), Readiness::Promoted)]);
 }
 
@@ -190,7 +190,7 @@ fn a_replica_that_never_warms_is_stopped_and_restarts_back_off_longer_each_time(
         let out = h.run_for(Duration::from_millis(10_250));
         let termed = signals(&out, StopSignal::Term);
         assert_eq!(termed, ids, "stopped after startup_timeout");
-        actions = h.exit(&ids[0], "exit status 143");
+        actions = h.exit(&ids[0], crate::core::ExitStatus::Code(143));
         assert!(
             h.in_state("m", ReplicaState::Routed).is_empty(),
             "never routed"
@@ -271,7 +271,7 @@ fn a_warm_replica_failing_its_recheck_is_not_promoted() {
         outcome: bad,
     });
     let routed = h.in_state("m", ReplicaState::Routed)[0].clone();
-    let out = h.exit(&routed, "exit status 1");
+    let out = h.exit(&routed, crate::core::ExitStatus::Code(1));
     assert!(
         routed_sets(&out).iter().all(|s| !s.contains(&warm.0)),
         "a suspect replica gets no traffic"
@@ -315,7 +315,7 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
             + h.in_state("m", ReplicaState::Starting).len(),
         1
     );
-    let out = h.exit(&r, "exit status 0");
+    let out = h.exit(&r, crate::core::ExitStatus::Code(0));
     assert!(!h.node.replicas.contains_key(&r));
     assert_eq!(
         h.node.models["m"].failures.len(),
@@ -378,7 +378,7 @@ fn shutdown_drains_routed_stops_the_rest_and_completes_when_all_exited() {
     }
     let mut done = false;
     for id in routed.iter().chain(warm.iter()) {
-        let out = h.exit(id, "exit status 0");
+        let out = h.exit(id, crate::core::ExitStatus::Code(0));
         done = out.contains(&Action::ShutdownComplete);
     }
     assert!(done, "complete once the last replica is gone");
@@ -441,7 +441,7 @@ fn placement_reserves_gpu_memory_and_exposes_uuids() {
     assert_eq!(st.gpus[0].memory_reserved, 50 << 30);
     // A replica that exits frees its reservation; the pending one takes it.
     h.spawn_all(&specs.iter().cloned().map(Action::Spawn).collect::<Vec<_>>());
-    let out = h.exit(&specs[0].replica, "exit status 1");
+    let out = h.exit(&specs[0].replica, crate::core::ExitStatus::Code(1));
     let _ = out;
     let out = h.run_for(Duration::from_millis(1250));
     assert_eq!(spawns(&out), 1);
@@ -474,7 +474,7 @@ fn no_two_live_replicas_share_a_port() {
         uniq.sort();
         uniq.dedup();
         assert_eq!(uniq.len(), live.len(), "ports {live:?}");
-        h.exit(&r, "exit status 0");
+        h.exit(&r, crate::core::ExitStatus::Code(0));
         h.settle(out);
     }
 }
@@ -580,7 +580,7 @@ fn status_explains_pending_replicas() {
     let mut h = Harness::new(&static_pool(1, 0));
     let first = h.log.clone();
     let ids = h.spawn_all(&first);
-    h.exit(&ids[0], "exit status 1");
+    h.exit(&ids[0], crate::core::ExitStatus::Code(1));
     let st = h.node.status(Some("m"), h.now);
     let r = &st.models[0].replicas[0];
     assert_eq!(r.state, ReplicaState::Pending);

@@ -76,7 +76,7 @@ fn starts_that_keep_failing_make_the_model_unavailable_until_the_crash_loop_trip
         }
         actions = h.send(Event::SpawnFailed {
             replica: spec.replica,
-            error: why.into(),
+            error: crate::core::SpawnError::Account(why.into()),
         });
         let (state, reason) = health(&h);
         if n < model::CRASH_LOOP_FAILURES {
@@ -99,11 +99,11 @@ fn a_model_that_serves_or_has_not_failed_or_wants_nothing_is_not_unavailable() {
     h.warm(&ids[0]);
     h.send(Event::Exited {
         replica: ids[1].clone(),
-        status: "exit status 1".into(),
+        status: crate::core::ExitStatus::Code(1),
     });
     assert_eq!(health(&h).0, Health::Ok, "{:?}", health(&h));
     // The only routed replica fails, its replacement is cold: nothing serves after a failure.
-    let out = h.exit(&ids[0], "killed by SIGKILL");
+    let out = h.exit(&ids[0], crate::core::harness::KILLED);
     h.spawn_all(&out);
     assert_eq!(health(&h).0, Health::Unavailable);
     // A model at zero that nothing asks for is not unavailable, whatever failed before.

@@ -3,10 +3,11 @@
 //!
 //! Requests are `Request`; answers are `Answer` (`Result<Response, Failure>`), which the core
 //! returns and only the socket layer turns into a line (`encode_answer`), and the CLI back
-//! (`decode_answer`). The wire form is docs/design.md's: `{"ok":true,...}`, or
+//! (`decode_answer`, reading the shape of the op it sent). The wire form is docs/design.md's: `{"ok":true,...}`, or
 //! `{"ok":false,"error":"CODE","message":"…"}`.
 
 mod daemon_view;
+mod lines;
 mod views;
 
 use std::fmt;
@@ -17,6 +18,7 @@ use serde_json::Value;
 pub use daemon_view::{
     ConfigFileState, ConfigFileView, DaemonView, UpgradeOutcome, UpgradePlan, UpgradeView,
 };
+pub use lines::{decode_answer, encode_answer, parse_request, AnswerError};
 pub use views::{
     Endpoint, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView, RolloutView,
     ScaleView, SignalView, StatusView, WatchEvent, WatchedState,
@@ -143,10 +145,10 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// What a request asks for, without its fields: the `op` alone. Reading a line's `op` into it
-/// tells an unknown op (`unknown_op`, with serde's list of the known ones) from a malformed
-/// known one (`bad_request`). `Request::op` maps every request onto it, so a new request cannot
-/// be added without its op.
+/// What a request asks for, without its fields: the `op` alone. Looking a line's `op` up in
+/// `Op::ALL` tells an unknown op (`unknown_op`, with the list of the known ones) from a
+/// malformed known one (`bad_request`). `Request::op` maps every request onto it, so a new
+/// request cannot be added without its op; a test keeps `ALL` and `name` to serde's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
@@ -166,11 +168,50 @@ pub enum Op {
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&wire_name(self))
+        f.write_str(self.name())
     }
 }
 
 impl Op {
+    /// Every op, in the order an unknown op's error lists them.
+    pub const ALL: [Op; 12] = [
+        Op::Version,
+        Op::Report,
+        Op::Status,
+        Op::Watch,
+        Op::Gpus,
+        Op::Scale,
+        Op::Drain,
+        Op::Undrain,
+        Op::Cordon,
+        Op::Uncordon,
+        Op::Reload,
+        Op::Upgrade,
+    ];
+
+    /// The op's name on the wire.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::Version => "version",
+            Op::Report => "report",
+            Op::Status => "status",
+            Op::Watch => "watch",
+            Op::Gpus => "gpus",
+            Op::Scale => "scale",
+            Op::Drain => "drain",
+            Op::Undrain => "undrain",
+            Op::Cordon => "cordon",
+            Op::Uncordon => "uncordon",
+            Op::Reload => "reload",
+            Op::Upgrade => "upgrade",
+        }
+    }
+
+    /// The op named `name` on the wire, if there is one.
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == name)
+    }
+
     /// The role an op needs. `report` is also allowed to a replica's own processes (checked by
     /// the core, which knows the process groups).
     pub fn required_role(self) -> Role {
@@ -312,7 +353,8 @@ impl fmt::Display for Failure {
 }
 
 /// A successful answer, one variant per shape; on the wire each is `{"ok":true}` plus its fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Written untagged; read back by `decode_answer` as the shape of the op that was sent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Response {
     /// `version`: `{"ok":true,"version":"…","protocol":1}`
@@ -323,7 +365,6 @@ pub enum Response {
     Gpus { gpus: Vec<GpuView> },
     /// `watch`: the routed set of each watched model now. The answer line is `{"ok":true}`; the
     /// socket layer then writes the snapshot one event a line, and the events that follow.
-    #[serde(skip_deserializing)]
     Watching {
         #[serde(skip)]
         snapshot: Vec<WatchEvent>,
@@ -341,147 +382,6 @@ pub enum Response {
 
 /// The answer to one request, as the core gives it.
 pub type Answer = Result<Response, Failure>;
-
-/// The line (without its newline) that carries `answer`.
-pub fn encode_answer(answer: &Answer) -> String {
-    #[derive(Serialize)]
-    struct Success<'a> {
-        ok: bool,
-        #[serde(flatten)]
-        response: &'a Response,
-    }
-    #[derive(Serialize)]
-    struct Error<'a> {
-        ok: bool,
-        error: ErrorCode,
-        message: &'a str,
-    }
-    let line = match answer {
-        Ok(response) => serde_json::to_string(&Success { ok: true, response }),
-        Err(f) => serde_json::to_string(&Error {
-            ok: false,
-            error: f.code,
-            message: &bounded_message(&f.message),
-        }),
-    };
-    // Views hold no maps with non-string keys and no non-finite floats the core lets in; should
-    // one ever fail to serialize, the client still gets a well-formed answer.
-    line.unwrap_or_else(|e| {
-        encode_answer(&Err(Failure::new(
-            ErrorCode::Busy,
-            format!("the answer could not be written: {e}"),
-        )))
-    })
-}
-
-/// Reads an answer line. `Err`: the line is not an answer of this protocol.
-pub fn decode_answer(line: &str) -> Result<Answer, String> {
-    #[derive(Deserialize)]
-    struct Head {
-        ok: bool,
-    }
-    #[derive(Deserialize)]
-    struct Error {
-        error: ErrorCode,
-        message: String,
-    }
-    let value: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let head = Head::deserialize(&value).map_err(|e| e.to_string())?;
-    if head.ok {
-        let response = Response::deserialize(&value).map_err(|e| e.to_string())?;
-        // `Done` matches any object: one with more than "ok" is an answer whose body did not
-        // read (a view of another version), not a bare yes.
-        let bare = value.as_object().is_some_and(|o| o.len() == 1);
-        if response == (Response::Done {}) && !bare {
-            return Err(format!("an answer this client cannot read: {line}"));
-        }
-        Ok(Ok(response))
-    } else {
-        let e = Error::deserialize(&value).map_err(|e| e.to_string())?;
-        Ok(Err(Failure::new(e.error, e.message)))
-    }
-}
-
-/// Parses one request line. Distinguishes an unknown op from a malformed known one.
-pub fn parse_request(line: &str) -> Result<Request, Failure> {
-    if line.trim().is_empty() {
-        return Err(Failure::new(
-            ErrorCode::BadRequest,
-            "an empty line: a request is a JSON object on one line",
-        ));
-    }
-    let value: Value = serde_json::from_str(line)
-        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON: {e}")))?;
-    let Some(obj) = value.as_object() else {
-        return Err(Failure::new(
-            ErrorCode::BadRequest,
-            "a request is a JSON object",
-        ));
-    };
-    let op = match obj.get("op") {
-        Some(Value::String(op)) => op.clone(),
-        Some(_) => {
-            return Err(Failure::new(
-                ErrorCode::BadRequest,
-                "\"op\" must be a string",
-            ))
-        }
-        None => return Err(Failure::new(ErrorCode::BadRequest, "missing \"op\"")),
-    };
-    if let Err(e) =
-        Op::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&op))
-    {
-        // serde's message quotes the op whole; the known ones are what it is for.
-        let known = e.to_string();
-        let known = known
-            .rsplit_once("expected")
-            .map_or("", |(_, k)| k.trim_start_matches(" one of").trim());
-        return Err(Failure::new(
-            ErrorCode::UnknownOp,
-            format!("unknown op {}: expected one of {known}", quote(&op)),
-        ));
-    }
-    serde_json::from_value(value).map_err(|e| {
-        Failure::new(
-            ErrorCode::BadRequest,
-            format!("op {}: {}", quote(&op), serde_message(&e)),
-        )
-    })
-}
-
-/// serde's reason, with the text it quotes from the request (an unknown field's name, a value of
-/// the wrong type) cut to `QUOTE_MAX` characters.
-fn serde_message(e: &serde_json::Error) -> String {
-    let m = e.to_string();
-    // serde quotes names in backticks and strings in double quotes: cut each quoted stretch.
-    let mut out = String::with_capacity(m.len().min(MAX_MESSAGE));
-    let mut rest = m.as_str();
-    while let Some(i) = rest.find(['`', '"']) {
-        let (before, from) = rest.split_at(i);
-        out.push_str(before);
-        let q = from.chars().next().unwrap_or('`');
-        let body = &from[q.len_utf8()..];
-        match body.find(q) {
-            Some(j) => {
-                let inner = &body[..j];
-                out.push(q);
-                let cut: String = inner.chars().take(QUOTE_MAX).collect();
-                out.push_str(&cut);
-                if cut.len() < inner.len() {
-                    out.push('…');
-                }
-                out.push(q);
-                rest = &body[j + q.len_utf8()..];
-            }
-            None => {
-                out.push_str(from);
-                rest = "";
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
 
 impl Request {
     pub fn op(&self) -> Op {

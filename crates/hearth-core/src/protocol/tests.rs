@@ -96,7 +96,7 @@ fn watch_events_carry_their_tag() {
 }
 
 #[test]
-fn an_unknown_op_names_the_known_ones_from_serde() {
+fn an_unknown_op_names_the_known_ones() {
     let f = parse_request(r#"{"op":"fly"}"#).unwrap_err();
     assert_eq!(f.code, ErrorCode::UnknownOp);
     for op in [
@@ -104,6 +104,45 @@ fn an_unknown_op_names_the_known_ones_from_serde() {
     ] {
         assert!(f.message.contains(&format!("`{op}`")), "{}", f.message);
     }
+    // The words serde gave when the list was read from its error.
+    assert_eq!(
+        f.message,
+        "unknown op \"fly\": expected one of `version`, `report`, `status`, `watch`, `gpus`, \
+         `scale`, `drain`, `undrain`, `cordon`, `uncordon`, `reload`, `upgrade`"
+    );
+    // The constant list is serde's: every op, each under its wire name.
+    for op in Op::ALL {
+        assert_eq!(crate::protocol::wire_name(&op), op.name());
+        assert_eq!(Op::from_name(op.name()), Some(op));
+        let line = format!(r#"{{"op":"{op}","x":1}}"#);
+        assert_eq!(
+            parse_request(&line).unwrap_err().code,
+            ErrorCode::BadRequest
+        );
+    }
+    let serde_names: Vec<String> = serde_json::from_str::<Op>(r#""fly""#)
+        .unwrap_err()
+        .to_string()
+        .split('`')
+        .skip(3)
+        .step_by(2)
+        .map(String::from)
+        .collect();
+    let ours: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
+    assert_eq!(serde_names, ours);
+}
+
+#[test]
+fn a_line_read_once_and_one_read_again_give_the_same_request() {
+    // A repeated key reads only as a value (which keeps the last): the same as before.
+    let r = parse_request(r#"{"op":"report","model":"a","model":"m","queue_depth":3}"#).unwrap();
+    let Request::Report(report) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!((report.model.as_str(), report.queue_depth), ("m", Some(3)));
+    // The op need not come first.
+    let r = parse_request(r#"{"model":"m","op":"report","in_flight":1}"#).unwrap();
+    assert_eq!(r.op(), Op::Report);
 }
 
 #[test]
@@ -138,16 +177,26 @@ fn every_request_s_op_is_a_known_op_with_its_role() {
     }
 }
 
-/// Encodes `answer`, checks the literal line, and decodes it back.
-fn round_trip(answer: Answer, line: &str) {
+/// Encodes `answer` (to a request with op `op`), checks the literal line, and decodes it back.
+fn round_trip(op: Op, answer: Answer, line: &str) {
     assert_eq!(encode_answer(&answer), line);
-    assert_eq!(decode_answer(line).unwrap(), answer, "{line}");
+    assert_eq!(decode_answer(line, op).unwrap(), answer, "{line}");
 }
 
 #[test]
 fn answers_are_design_s_lines_and_read_back() {
-    round_trip(Ok(Response::Done {}), r#"{"ok":true}"#);
+    round_trip(Op::Reload, Ok(Response::Done {}), r#"{"ok":true}"#);
+    round_trip(Op::Watch, Ok(Response::Done {}), r#"{"ok":true}"#);
+    round_trip(Op::Report, Ok(Response::Done {}), r#"{"ok":true}"#);
     round_trip(
+        Op::Report,
+        Ok(Response::Superseded {
+            superseded_by: vec!["hearth route a".into()],
+        }),
+        r#"{"ok":true,"superseded_by":["hearth route a"]}"#,
+    );
+    round_trip(
+        Op::Version,
         Ok(Response::Version {
             version: "0.1.0".into(),
             protocol: 1,
@@ -155,6 +204,7 @@ fn answers_are_design_s_lines_and_read_back() {
         r#"{"ok":true,"version":"0.1.0","protocol":1}"#,
     );
     round_trip(
+        Op::Status,
         Err(Failure::new(ErrorCode::UnknownModel, "no model \"x\"")),
         r#"{"ok":false,"error":"unknown_model","message":"no model \"x\""}"#,
     );
@@ -170,6 +220,7 @@ fn answers_are_design_s_lines_and_read_back() {
     ] {
         assert_eq!(code.to_string(), name);
         round_trip(
+            Op::Scale,
             Err(Failure::new(code, "m")),
             &format!(r#"{{"ok":false,"error":"{name}","message":"m"}}"#),
         );
@@ -192,6 +243,7 @@ fn answers_are_design_s_lines_and_read_back() {
         nvlink: Vec::new(),
     };
     round_trip(
+        Op::Gpus,
         Ok(Response::Gpus {
             gpus: vec![gpu.clone()],
         }),
@@ -211,7 +263,7 @@ fn answers_are_design_s_lines_and_read_back() {
 #[test]
 fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
     let line = r#"{"ok":true,"status":{"models":[{"name":"m","version":"2","health":"crash_loop","health_reason":"5 failures","routed":1,"warm":0,"starting":1,"pending":0,"draining":0,"desired_routed":1,"desired_warm":1,"min":1,"max":4,"warm_pool":"auto","target_wait_ms":500,"slots":4,"signal":{"oldest_wait_ms":null,"queue_depth":null,"in_flight":null,"age_ms":null},"last_scale":{"at_ms":5,"from":0,"to":1,"reason":"min"},"rollout":{"version":"2","from":"1","updated":0,"halted":null},"time_to_ready_ms":null,"restarts_total":5,"drained":false,"replicas":[{"id":"m-1","state":"routed","pid":10,"port":30000,"addr":"127.0.0.1:30000","gpus":[],"since_ms":5,"restarts":0,"version":"1","reason":"","rss_bytes":52428800,"cpu_seconds":1.25},{"id":"m-2","state":"starting","pid":null,"port":null,"addr":null,"gpus":[],"since_ms":6,"restarts":4,"version":"2","reason":"warm-up: refused","rss_bytes":null,"cpu_seconds":null}]}],"gpus":[],"daemon":{"version":"0.1.0","config_file":{"path":"/etc/hearth/config.toml","state":"differs","reason":"edited, not reloaded"},"upgrade":{"attempt":7,"outcome":"fell_back","to_version":"0.2.0","reason":"it panicked","handed_over":2,"kept":2,"not_kept":[]}}}}"#;
-    let answer = decode_answer(line).unwrap();
+    let answer = decode_answer(line, Op::Status).unwrap();
     let Ok(Response::Status { status }) = &answer else {
         panic!("{answer:?}");
     };
@@ -235,7 +287,7 @@ fn a_status_answer_carries_typed_states_health_pool_and_rollout() {
     assert_eq!(encode_answer(&answer), line, "and back, byte for byte");
     // A daemon before `daemon` was in status: read as the defaults.
     let older = line.replace(&line[line.find(r#","daemon""#).unwrap()..], "}}");
-    let Ok(Response::Status { status }) = decode_answer(&older).unwrap() else {
+    let Ok(Response::Status { status }) = decode_answer(&older, Op::Status).unwrap() else {
         panic!("{older}");
     };
     assert_eq!(*status.daemon, crate::protocol::DaemonView::default());
@@ -251,6 +303,7 @@ fn an_upgrade_answer_names_its_attempt() {
         },
     });
     round_trip(
+        Op::Upgrade,
         answer,
         r#"{"ok":true,"upgrading":{"attempt":1700000000000000001,"version":"0.2.0","binary":"/opt/hearth/hearth"}}"#,
     );
@@ -291,14 +344,18 @@ fn a_replica_event_says_a_state_or_gone() {
 
 #[test]
 fn lines_that_are_no_answer_are_errors() {
-    for line in [
-        "",
-        "[]",
-        r#"{"okay":true}"#,
-        r#"{"ok":false,"error":"nope","message":""}"#,
-        r#"{"ok":true,"status":{"models":"x"}}"#,
-        r#"{"ok":true,"gpus":7}"#,
+    for (line, op) in [
+        ("", Op::Version),
+        ("[]", Op::Version),
+        (r#"{"okay":true}"#, Op::Version),
+        (r#"{"ok":false,"error":"nope","message":""}"#, Op::Status),
+        (r#"{"ok":true,"status":{"models":"x"}}"#, Op::Status),
+        (r#"{"ok":true,"gpus":7}"#, Op::Gpus),
+        // The answer of another op, or a bare yes where a body is due.
+        (r#"{"ok":true,"gpus":[]}"#, Op::Reload),
+        (r#"{"ok":true}"#, Op::Status),
+        (r#"{"ok":true,"version":"0.1.0","protocol":1}"#, Op::Watch),
     ] {
-        assert!(decode_answer(line).is_err(), "{line}");
+        assert!(decode_answer(line, op).is_err(), "{line}");
     }
 }

@@ -21,14 +21,17 @@ impl World {
                 let r = replica(self, i);
                 self.send(Event::SpawnFailed {
                     replica: r,
-                    error: "no such file".into(),
+                    error: crate::core::SpawnError::Exec {
+                        program: "server".into(),
+                        error: "No such file or directory (os error 2)".into(),
+                    },
                 });
             }
             Step::Exited(i) => {
                 let r = replica(self, i);
                 self.send(Event::Exited {
                     replica: r,
-                    status: "exit status 1".into(),
+                    status: crate::core::ExitStatus::Code(1),
                 });
             }
             Step::Probe {
@@ -212,7 +215,12 @@ impl World {
                         warnings: vec![],
                         text: "".into(),
                     })),
-                    None => Err("prop.toml:1: x: bad".to_string()),
+                    None => Err(crate::core::harness::refused(
+                        "prop.toml",
+                        Some(1),
+                        "x",
+                        "bad",
+                    )),
                 };
                 self.send(Event::ConfigRead(read));
             }

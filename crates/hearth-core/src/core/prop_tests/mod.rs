@@ -405,7 +405,7 @@ impl World {
             if self.node.replicas.contains_key(&replica) {
                 pending.extend(self.send(Event::Exited {
                     replica,
-                    status: "signal: 9 (SIGKILL)".into(),
+                    status: crate::core::harness::KILLED,
                 }));
             }
         }
@@ -446,15 +446,15 @@ impl World {
                         }
                         Action::Signal { replica, .. } => Event::Exited {
                             replica,
-                            status: "exit status 0".into(),
+                            status: crate::core::ExitStatus::Code(0),
                         },
                         Action::Scrape { replica, .. } => Event::Scraped {
                             replica,
                             outcome: Ok(ScrapedQueue::default()),
                         },
-                        Action::ReadConfig { .. } => {
-                            Event::ConfigRead(Err("prop.toml: -: not read".into()))
-                        }
+                        Action::ReadConfig { .. } => Event::ConfigRead(Err(
+                            crate::core::harness::refused("prop.toml", None, "-", "not read"),
+                        )),
                         _ => continue,
                     };
                     pending.extend(self.send(ev));
@@ -539,7 +539,12 @@ fn run_to_rest(config: usize, steps: &[Step]) {
         w.step(s);
     }
     if w.node.reloads_pending() {
-        w.send(Event::ConfigRead(Err("prop.toml: -: gone".into())));
+        w.send(Event::ConfigRead(Err(crate::core::harness::refused(
+            "prop.toml",
+            None,
+            "-",
+            "gone",
+        ))));
     }
     w.behave(Duration::from_secs(15 * 60));
     w.check_min_routed();

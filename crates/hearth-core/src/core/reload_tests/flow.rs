@@ -115,9 +115,12 @@ fn a_bad_file_is_answered_with_its_error_and_changes_nothing() {
     h.settle(first);
     let before: Vec<ReplicaId> = h.node.replicas.keys().cloned().collect();
     reload_request(&mut h, 3, Peer::trusted());
-    let out = h.send(Event::ConfigRead(Err(
-        "reload.toml:9: max: not a number".into()
-    )));
+    let out = h.send(Event::ConfigRead(Err(crate::core::harness::refused(
+        "reload.toml",
+        Some(9),
+        "max",
+        "not a number",
+    ))));
     assert_eq!(answers(&out), [(3, Err(ErrorCode::BadRequest))]);
     let Some(Action::Reply { answer: Err(f), .. }) =
         out.iter().find(|a| matches!(a, Action::Reply { .. }))

@@ -80,7 +80,7 @@ fn a_version_change_warms_new_replicas_before_old_ones_drain() {
             actions.extend(h.log[before..].iter().cloned());
         }
         for id in h.in_state("m", ReplicaState::Stopping) {
-            actions.extend(h.exit(&id, "exit status 0"));
+            actions.extend(h.exit(&id, crate::core::ExitStatus::Code(0)));
             min_routed = min_routed.min(routed(&h));
         }
         actions.extend(h.advance(Duration::from_millis(250)));
@@ -108,7 +108,7 @@ fn roll_out_until_halted(h: &mut Harness, toml: &str) {
         h.spawn_all(&actions);
         actions.clear();
         for id in h.in_state("m", ReplicaState::Stopping) {
-            actions.extend(h.exit(&id, "exit status 143"));
+            actions.extend(h.exit(&id, crate::core::ExitStatus::Code(143)));
         }
         actions.extend(h.advance(Duration::from_millis(250)));
         if h.node.models["m"]
@@ -168,7 +168,7 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
     let later = h.run_for(Duration::from_secs(600));
     assert_eq!(spawns(&later), 0);
     // An old replica that dies is replaced with the old version.
-    let out = h.exit(&old[0], "killed by SIGKILL");
+    let out = h.exit(&old[0], crate::core::harness::KILLED);
     let out2 = h.run_for(Duration::from_secs(400));
     let spec = out.iter().chain(out2.iter()).find_map(|a| match a {
         Action::Spawn(s) => Some(s.replica.clone()),
