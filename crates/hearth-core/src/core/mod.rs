@@ -64,6 +64,10 @@ mod replicas;
 mod requests;
 mod scrape;
 mod signal;
+mod sleep;
+#[cfg(test)]
+mod sleep_tests;
+mod sleep_tier;
 mod starts;
 pub mod status;
 #[cfg(test)]

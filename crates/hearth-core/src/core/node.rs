@@ -184,7 +184,7 @@ impl Node {
         let inputs = Inputs {
             now,
             scaling: &m.config.scaling,
-            min: m.min(),
+            min: m.routed_min(),
             max: m.max(),
             signal,
             routed,
