@@ -388,7 +388,9 @@ impl Node {
                 }
             }
         }
-        if sleepy {
+        // Also once the tier is gone (the model removed, or its `[model.sleep]`): its sleeping
+        // replicas stop.
+        if sleepy || c.sleeping > 0 {
             self.sleep_trim(name, awake_keep, hold, now, out);
         }
     }

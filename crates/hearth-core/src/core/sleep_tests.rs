@@ -427,3 +427,20 @@ fn a_pinned_model_is_never_reclaimed_for_another() {
         assert_eq!(signals(&out, StopSignal::Term).len(), reclaimed, "{pin:?}");
     }
 }
+
+#[test]
+fn without_its_sleep_table_a_model_stops_its_sleeping_replicas() {
+    let (mut h, _, asleep) = one_routed_two_asleep();
+    let plain = config(3, 4, "").replace(
+        "[model.sleep]\nformat = \"vllm\"\nsleep_timeout = \"5s\"\nwake_timeout = \"10s\"\n",
+        "",
+    );
+    assert!(!plain.contains("[model.sleep]"));
+    // Within max: one replaced per event while the stopping ones hold their places.
+    let mut out = h.reload(&plain);
+    out.extend(h.send(Event::Tick));
+    let mut stopped = signals(&out, StopSignal::Term);
+    stopped.sort();
+    assert_eq!(stopped, asleep, "{out:?}");
+    assert_eq!(spawns(&out), 2, "min counts routed replicas again");
+}
