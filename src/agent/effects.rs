@@ -218,6 +218,7 @@ impl Effects {
                         ReadyPath::Promote,
                         self.current.started.elapsed().as_secs_f64(),
                     ),
+                    Readiness::Woken(d) => (ReadyPath::Wake, d.as_secs_f64()),
                 };
                 self.recorder.ready(&model, path, secs);
             }

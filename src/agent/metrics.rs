@@ -68,6 +68,8 @@ struct ReadyLabels {
 pub enum ReadyPath {
     Cold,
     Promote,
+    /// A sleeping replica woken (docs/sleep.md).
+    Wake,
 }
 
 fn ready_histogram() -> Histogram {
@@ -151,6 +153,7 @@ impl Recorder {
         let path = match path {
             ReadyPath::Cold => "cold",
             ReadyPath::Promote => "promote",
+            ReadyPath::Wake => "wake",
         };
         self.time_to_ready
             .get_or_create(&ReadyLabels {
@@ -187,6 +190,15 @@ impl Collector for Snapshot {
                     [("model", m.name.as_str()), ("state", state)],
                     ConstGauge::new(i64::from(n)),
                 ));
+            }
+            // A model with a sleeping tier has two more.
+            if m.wake.is_some() {
+                for (state, n) in [("sleeping", m.sleeping), ("waking", m.waking)] {
+                    replicas.push((
+                        [("model", m.name.as_str()), ("state", state)],
+                        ConstGauge::new(i64::from(n)),
+                    ));
+                }
             }
         }
         family(

@@ -10,6 +10,9 @@ use crate::core::{ProbeOutcome, ProbeSpec, ReplicaId};
 
 /// Longest piece of an answer quoted back in a failure.
 const QUOTE: usize = 200;
+/// The most of an answer that is read (and searched for `expect_body`): an answer is from
+/// outside, and a server that streams without end must not hold a probe or its memory.
+const MAX_ANSWER: usize = 1 << 20;
 
 pub fn client() -> Client {
     Client::builder()
@@ -47,7 +50,7 @@ pub async fn run(client: &Client, spec: &ProbeSpec) -> ProbeOutcome {
         }
     };
     let status = resp.status().as_u16();
-    let body = match resp.text().await {
+    let body = match bounded_text(resp, MAX_ANSWER).await {
         Ok(b) => b,
         Err(e) => {
             let detail = format!("HTTP {status}, body unreadable: {}", root_cause(&e));
@@ -58,14 +61,23 @@ pub async fn run(client: &Client, spec: &ProbeSpec) -> ProbeOutcome {
             };
         }
     };
-    if status != spec.expect_status {
+    let status_ok = if spec.accept_2xx {
+        (200..300).contains(&status)
+    } else {
+        status == spec.expect_status
+    };
+    if !status_ok {
         return ProbeOutcome {
             ok: false,
             // 503 is how servers say they are still loading.
             not_ready: status == 503,
             detail: format!(
                 "HTTP {status} (expected {}): {}",
-                spec.expect_status,
+                if spec.accept_2xx {
+                    "2xx".to_string()
+                } else {
+                    spec.expect_status.to_string()
+                },
                 quote(&body)
             ),
         };
@@ -129,6 +141,19 @@ fn local_port(url: &str) -> Option<u16> {
         Err(_) => host.eq_ignore_ascii_case("localhost"),
     };
     local.then(|| u.port_or_known_default()).flatten()
+}
+
+/// The answer's first `limit` bytes, as text (a character cut at the limit is replaced).
+async fn bounded_text(mut resp: reqwest::Response, limit: usize) -> reqwest::Result<String> {
+    let mut buf: Vec<u8> = Vec::new();
+    while buf.len() < limit {
+        let Some(chunk) = resp.chunk().await? else {
+            break;
+        };
+        let take = chunk.len().min(limit - buf.len());
+        buf.extend_from_slice(chunk.get(..take).unwrap_or_default());
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 fn quote(body: &str) -> String {

@@ -157,6 +157,19 @@ fn model_block(m: &ModelView, uuids: &Uuids) -> String {
         out.push_str(&format!("; time to ready {:.1} s", t as f64 / 1000.0));
     }
     out.push('\n');
+    if let Some(w) = &m.wake {
+        let secs = |ms: Option<u64>| with_unit(ms.map(|v| v as f64 / 1000.0), "s");
+        out.push_str(&format!(
+            "  sleeping {}  waking {}  wake time: last {}, p50 {}, p99 {} ({} woken, {} failed)\n",
+            m.sleeping,
+            m.waking,
+            secs(w.last_ms),
+            secs(w.p50_ms),
+            secs(w.p99_ms),
+            w.wakes,
+            w.failed
+        ));
+    }
     if let Some(r) = &m.rollout {
         out.push_str(&format!("  rollout: {r}\n"));
     }

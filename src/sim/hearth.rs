@@ -144,7 +144,11 @@ impl HearthDriver {
                         let ready = sim.cl.replicas[r as usize].spawned + sim.p.cold_start;
                         (sim.now + after).max(ready)
                     }
-                    ProbeKind::Recheck | ProbeKind::Liveness => sim.now + after,
+                    ProbeKind::Recheck
+                    | ProbeKind::Liveness
+                    | ProbeKind::Sleep
+                    | ProbeKind::Wake
+                    | ProbeKind::SleepState => sim.now + after,
                 };
                 if at == sim.now {
                     if kind == ProbeKind::Warmup {
@@ -160,6 +164,10 @@ impl HearthDriver {
                         ProbeKind::Warmup => 0,
                         ProbeKind::Recheck => 1,
                         ProbeKind::Liveness => 2,
+                        // The simulator has no sleeping tier yet: its requests pass at once.
+                        ProbeKind::Sleep => 3,
+                        ProbeKind::Wake => 4,
+                        ProbeKind::SleepState => 5,
                     };
                     sim.at(
                         at,
@@ -337,6 +345,9 @@ impl Driver for HearthDriver {
             let kind = match kind {
                 0 => ProbeKind::Warmup,
                 1 => ProbeKind::Recheck,
+                3 => ProbeKind::Sleep,
+                4 => ProbeKind::Wake,
+                5 => ProbeKind::SleepState,
                 _ => ProbeKind::Liveness,
             };
             if kind == ProbeKind::Warmup {

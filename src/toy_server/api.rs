@@ -58,6 +58,16 @@ async fn read_json(state: &State, req: Request<Incoming>) -> Result<Value, Respo
             Some("model_loading"),
         ));
     }
+    if let Some(why) = state.sleeper.refusal() {
+        // As vLLM does while asleep: an error, with /health still 200.
+        return Err(failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            why,
+            "server_error",
+            None,
+            Some("model_sleeping"),
+        ));
+    }
     if state.fail_warmup {
         return Err(failure(
             StatusCode::INTERNAL_SERVER_ERROR,

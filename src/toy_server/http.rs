@@ -59,6 +59,10 @@ pub(super) async fn serve_conn(stream: TcpStream, state: Arc<State>, stop: Cance
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ToyBody> {
     let loaded = *state.loaded.borrow();
     let path = req.uri().path().to_string();
+    let query = req.uri().query().map(str::to_string);
+    if let Some(resp) = super::sleep::route(&state, req.method(), &path, query.as_deref()).await {
+        return resp;
+    }
     match (req.method(), path.as_str()) {
         (&Method::GET, "/health") if loaded => {
             json_response(StatusCode::OK, json!({"status":"ok"}))

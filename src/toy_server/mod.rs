@@ -20,6 +20,7 @@ mod http;
 mod openai;
 mod queue;
 mod report;
+mod sleep;
 #[cfg(test)]
 mod test_server;
 
@@ -39,6 +40,8 @@ pub use report::Reporter;
 
 /// Upper bound on waiting for in-flight requests at shutdown.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// Largest `--hold-memory`: a stand-in, not a way to exhaust the host.
+const MAX_HOLD: u64 = 64 << 30;
 /// Chunk size for `--read-file`, like a loader streaming weights.
 const READ_CHUNK: usize = 8 << 20;
 
@@ -97,6 +100,17 @@ pub struct ToyArgs {
     /// replica, e.g. its warm-up.
     #[arg(long, value_name = "DIR")]
     pub marks: Option<PathBuf>,
+    /// How long `POST /sleep` (vLLM) or `/release_memory_occupation` (SGLang) takes to put it
+    /// to sleep.
+    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
+    pub sleep_time: Duration,
+    /// How long `POST /wake_up` or `/resume_memory_occupation` takes to wake it.
+    #[arg(long, default_value = "0s", value_parser = crate::units::parse_duration)]
+    pub wake_time: Duration,
+    /// Memory held while awake (allocated and touched: resident), freed while asleep, e.g.
+    /// "256MiB": what a real server's weights make its RSS do.
+    #[arg(long, default_value = "0", value_parser = crate::units::parse_size)]
+    pub hold_memory: u64,
     /// Serve on this inherited listening socket instead of binding (the forked worker's).
     #[arg(long, hide = true)]
     pub listen_fd: Option<i32>,
@@ -122,6 +136,8 @@ struct State {
     started_nanos: u64,
     /// Answers numbered, for their ids.
     responses: std::sync::atomic::AtomicU64,
+    /// Asleep or awake (sleep.rs).
+    sleeper: sleep::Sleeper,
 }
 
 /// Binds, wires the process-level behaviour (env reporter, signals, `--crash-after`) and serves
@@ -184,6 +200,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
+    anyhow::ensure!(
+        args.hold_memory <= MAX_HOLD,
+        "--hold-memory is at most {}",
+        crate::units::short_bytes(MAX_HOLD)
+    );
     let start = Instant::now();
     let addr = listener.local_addr()?;
     let state = Arc::new(State {
@@ -206,7 +227,9 @@ pub async fn serve(
         started_unix: since_epoch().as_secs(),
         started_nanos: u64::try_from(since_epoch().as_nanos()).unwrap_or(0),
         responses: std::sync::atomic::AtomicU64::new(0),
+        sleeper: sleep::Sleeper::new(args.sleep_time, args.wake_time, args.hold_memory),
     });
+    state.sleeper.hold().await;
     println!(
         "toy-server listening on {addr} (loading for {}{})",
         crate::units::format_duration(args.load_time),

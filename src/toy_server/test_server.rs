@@ -29,6 +29,9 @@ pub fn args() -> ToyArgs {
         fork_worker: false,
         ignore_sigterm: false,
         marks: None,
+        sleep_time: Duration::ZERO,
+        wake_time: Duration::ZERO,
+        hold_memory: 0,
         listen_fd: None,
     }
 }

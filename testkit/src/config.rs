@@ -103,6 +103,8 @@ pub struct Model {
     pub liveness: Option<Liveness>,
     pub signal: Option<Scrape>,
     pub scaling: Scaling,
+    /// The lines of its `[model.sleep]` table, if it has one.
+    pub sleep: Option<String>,
 }
 
 impl Model {
@@ -148,7 +150,14 @@ impl Model {
                 max_up_step: None,
                 idle_to_zero: None,
             },
+            sleep: None,
         }
+    }
+
+    /// `[model.sleep]` with these lines (docs/sleep.md), e.g. `format = "vllm"`.
+    pub fn sleep(mut self, lines: &str) -> Model {
+        self.sleep = Some(lines.to_string());
+        self
     }
 
     /// min, max and warm_pool.
@@ -316,6 +325,9 @@ impl Model {
             let _ = writeln!(s, "max_up_step = {n}");
         }
         s.push('\n');
+        if let Some(lines) = &self.sleep {
+            let _ = writeln!(s, "[model.sleep]\n{lines}\n");
+        }
         s
     }
 }

@@ -9,4 +9,5 @@ mod hardening;
 mod lifecycle;
 mod metrics;
 mod reload;
+mod sleep;
 mod socket;

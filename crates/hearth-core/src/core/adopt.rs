@@ -146,7 +146,7 @@ impl Node {
             }
             m.total_restarts = m.total_restarts.max(rec.total_restarts);
             if !m.removed {
-                m.desired_routed = rec.desired_routed.clamp(m.min(), m.max());
+                m.desired_routed = rec.desired_routed.clamp(m.routed_min(), m.max());
             }
         }
         let (mut adopted, mut stopped) = (0usize, 0usize);
@@ -197,6 +197,11 @@ impl Node {
         }
         match (how, rec.state) {
             (_, ReplicaState::Pending) => Some("it was never started".into()),
+            // Taking a sleeping replica back (its state asked, not its warm-up, which would
+            // wake it) is not built yet.
+            (_, ReplicaState::FallingAsleep | ReplicaState::Sleeping | ReplicaState::Waking) => {
+                Some("it was asleep or on its way there or back".into())
+            }
             (Adoption::Found, ReplicaState::Stopping) => {
                 Some("it was being stopped when hearth stopped".into())
             }

@@ -116,7 +116,12 @@ impl Node {
                     }
                 }
             }
-            ReplicaState::Pending | ReplicaState::Warm | ReplicaState::Routed => {}
+            ReplicaState::Pending
+            | ReplicaState::Warm
+            | ReplicaState::Routed
+            | ReplicaState::FallingAsleep
+            | ReplicaState::Sleeping
+            | ReplicaState::Waking => {}
         }
     }
 

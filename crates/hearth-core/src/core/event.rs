@@ -49,6 +49,13 @@ pub enum ProbeKind {
     Recheck,
     /// The cheap probe of a routed replica.
     Liveness,
+    /// One of the requests that put a replica to sleep (`[model.sleep] sleep`, in order).
+    Sleep,
+    /// One of the requests that wake it (`[model.sleep] wake`, in order; the warm-up follows).
+    Wake,
+    /// The request that says whether it sleeps (`[model.sleep] state`): while it falls asleep,
+    /// and as a sleeping replica's health check.
+    SleepState,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +75,8 @@ pub struct ProbeSpec {
     pub headers: Vec<(String, String)>,
     pub body: Option<String>,
     pub expect_status: u16,
+    /// Any 2xx answer passes, not only `expect_status`: sleep and wake requests.
+    pub accept_2xx: bool,
     pub expect_body: Option<String>,
     pub timeout: Duration,
     /// Before a passing answer counts, the shell checks that the process listening on the
@@ -209,6 +218,8 @@ pub enum Readiness {
     /// (a report, an exit, a tick) to publishing the routed set that holds the replica. A replica
     /// that warms and is routed in the same event filled a gap with a cold start: `Cold` only.
     Promoted,
+    /// A sleeping replica woke and passed its warm-up: first wake request → warm.
+    Woken(Duration),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

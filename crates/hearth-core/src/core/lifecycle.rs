@@ -43,6 +43,10 @@ impl Node {
                 (ReplicaState::Warm | ReplicaState::Routed, _) if r.reverifying => {
                     self.reverify_deadline(&id, now, out);
                 }
+                (
+                    ReplicaState::FallingAsleep | ReplicaState::Sleeping | ReplicaState::Waking,
+                    Some(_),
+                ) => self.sleep_tick(&id, now, out),
                 (ReplicaState::Starting, Some(m)) => {
                     let limit = m.config_of(&r.spec).launch.warmup.startup_timeout;
                     if let Some(at) = r.spawned_at.filter(|at| now.since(*at) > limit) {
@@ -490,5 +494,7 @@ fn tick_may_act(r: &Replica, now: Time) -> bool {
         }
         ReplicaState::Draining => r.deadline.is_some_and(|d| now >= d),
         ReplicaState::Stopping => !r.killed && r.deadline.is_some_and(|d| now >= d),
+        ReplicaState::FallingAsleep | ReplicaState::Waking => r.deadline.is_some_and(|d| now >= d),
+        ReplicaState::Sleeping => !r.probe_in_flight && now >= r.next_probe,
     }
 }

@@ -65,6 +65,10 @@ mod replica;
 mod replicas;
 mod requests;
 mod scrape;
+mod sleep;
+#[cfg(test)]
+mod sleep_tests;
+mod sleep_tier;
 mod start_gates;
 pub mod status;
 #[cfg(test)]

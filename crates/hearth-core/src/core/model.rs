@@ -101,6 +101,10 @@ pub struct ModelState {
     /// how many of its pending replicas, the oldest, the pending pass may still place. The
     /// others are surplus the next events stop; starting them meanwhile would be waste.
     pub placeable_pending: Option<u32>,
+    /// `[model.sleep]`: its measured wakes (sleep_tier.rs).
+    pub wakes: super::sleep_tier::WakeTimes,
+    /// The most replicas it needed lately, which a sleeping tier keeps (sleep_tier.rs).
+    pub needed: super::sleep_tier::Peaks,
 }
 
 impl ModelState {
@@ -125,8 +129,10 @@ impl ModelState {
             time_to_ready: None,
             removed: false,
             placeable_pending: None,
+            wakes: Default::default(),
+            needed: Default::default(),
         };
-        m.desired_routed = m.min();
+        m.desired_routed = m.routed_min();
         m
     }
 
@@ -163,6 +169,15 @@ impl ModelState {
     pub fn min(&self) -> u32 {
         let min = self.overrides.min.unwrap_or(self.config.scaling.min);
         min.min(self.max())
+    }
+
+    /// The least the model keeps routed. With `[model.sleep]`, `min` counts replicas awake or
+    /// asleep, and one routed replica (none at `min = 0`) is what stays awake.
+    pub fn routed_min(&self) -> u32 {
+        match self.config.sleep {
+            Some(_) => self.min().min(1),
+            None => self.min(),
+        }
     }
 
     pub fn max(&self) -> u32 {

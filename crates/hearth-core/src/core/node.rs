@@ -169,10 +169,12 @@ impl Node {
             return;
         }
         let routed = self.count(model, ReplicaState::Routed);
+        // A sleeping replica wakes in seconds, not a cold start's minutes: the policy may call on
+        // it as on a warm one when a cold start would come too late.
         let warm = self
             .replicas
             .of_model(model)
-            .filter(|r| r.promotable() && !self.departing(r))
+            .filter(|r| (r.promotable() || r.state == ReplicaState::Sleeping) && !self.departing(r))
             .count() as u32;
         let signal = self.model_signal(model, now);
         let Some(m) = self.models.get_mut(model) else {
@@ -184,7 +186,7 @@ impl Node {
         let inputs = Inputs {
             now,
             scaling: &m.config.scaling,
-            min: m.min(),
+            min: m.routed_min(),
             max: m.max(),
             signal,
             routed,

@@ -40,6 +40,12 @@ impl Node {
         {
             return self.reverified(id, o, now, out);
         }
+        if self.sleep_probed(id, kind, &o, now, out) {
+            return;
+        }
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
         let Some(m) = self.models.get(&r.model) else {
             return;
         };
@@ -171,6 +177,7 @@ impl Node {
                 headers: Vec::new(),
                 body: None,
                 expect_status: 200,
+                accept_2xx: false,
                 expect_body: None,
                 timeout: l.timeout,
                 verify_owner: false,
@@ -185,6 +192,7 @@ impl Node {
                     .collect(),
                 body: w.body.as_deref().map(expand),
                 expect_status: w.expect_status,
+                accept_2xx: false,
                 expect_body: w.expect_body.clone(),
                 timeout: w.timeout,
                 // Warm-ups and rechecks decide whether a replica may take traffic: the answer

@@ -59,7 +59,7 @@ impl Node {
             // must not relaunch what was just taken.
             if let Some(vm) = self.models.get_mut(&vmodel) {
                 let from = vm.desired_routed;
-                let to = from.saturating_sub(1).max(vm.min());
+                let to = from.saturating_sub(1).max(vm.routed_min());
                 vm.desired_routed = to;
                 vm.last_scale = Some(ScaleRecord {
                     at: now,
@@ -94,11 +94,15 @@ impl Node {
             let Some(m) = self.models.get(&r.model) else {
                 continue;
             };
+            // `pin = true`: never reclaimed for another model.
+            if m.config.pin {
+                continue;
+            }
             let p = m.config.priority;
             match r.state {
                 ReplicaState::Warm if p <= prio => warm.push((p, u64::MAX - r.n, r.id.clone())),
                 ReplicaState::Routed
-                    if p < prio && self.count(&r.model, ReplicaState::Routed) > m.min() =>
+                    if p < prio && self.count(&r.model, ReplicaState::Routed) > m.routed_min() =>
                 {
                     routed.push((p, u64::MAX - r.n, r.id.clone()))
                 }

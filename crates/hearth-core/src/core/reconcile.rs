@@ -20,6 +20,9 @@ pub(super) struct Counts {
     pub warm: u32,
     pub starting: u32,
     pub pending: u32,
+    /// Asleep, falling asleep, or draining to sleep (`[model.sleep]`).
+    pub sleeping: u32,
+    pub waking: u32,
 }
 
 /// Replicas one event may create for a model, and starts it may place: the work one event
@@ -74,12 +77,20 @@ impl Node {
             match r.state {
                 ReplicaState::Routed if self.departing(r) => c.leaving += 1,
                 // Stopped within a few events (`reconcile_model`): no capacity, none coming.
-                ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
+                ReplicaState::Warm
+                | ReplicaState::Starting
+                | ReplicaState::Pending
+                | ReplicaState::FallingAsleep
+                | ReplicaState::Sleeping
+                | ReplicaState::Waking
                     if self.departing(r) => {}
                 ReplicaState::Routed => c.routed += 1,
                 ReplicaState::Warm => c.warm += 1,
                 ReplicaState::Starting => c.starting += 1,
                 ReplicaState::Pending => c.pending += 1,
+                ReplicaState::Sleeping | ReplicaState::FallingAsleep => c.sleeping += 1,
+                ReplicaState::Draining if r.then_sleep => c.sleeping += 1,
+                ReplicaState::Waking => c.waking += 1,
                 ReplicaState::Draining | ReplicaState::Stopping => {}
             }
         }
@@ -133,10 +144,12 @@ impl Node {
         let desired = if m.removed {
             0
         } else {
-            m.desired_routed.clamp(m.min(), m.max())
+            m.desired_routed.clamp(m.routed_min(), m.max())
         };
         let max = if m.removed { 0 } else { m.max() };
-        let (min, m_removed) = (m.min(), m.removed);
+        let (min, m_removed) = (m.routed_min(), m.removed);
+        // With `[model.sleep]`, `min` counts replicas awake or asleep.
+        let tier_min = m.min();
         let pool = self.desired_warm(name);
         let fill = self.pool_to_fill(name);
         let recheck = m.config.launch.warmup.recheck;
@@ -246,8 +259,15 @@ impl Node {
             c.leaving -= 1;
         }
 
+        // A sleeping tier wakes what promotion could not cover, and keeps `hold` replicas.
+        let sleepy = self.sleepy(name);
+        if sleepy {
+            self.wake_for(name, &mut c, desired, fill, now, out);
+        }
+        let hold = self.sleep_hold(name, desired + pool, now);
+
         // Too many routed: back to the pool if it is short (what it holds it finishes there),
-        // else drain.
+        // else to sleep while the tier holds fewer than it keeps, else drain.
         // The least busy first, the newest among equals; ranked once, as above.
         // (Only as many as this event may unroute are ranked and copied.)
         let mut least_busy = self
@@ -280,6 +300,13 @@ impl Node {
                     "unrouted: back to the warm pool".into(),
                     out,
                 );
+            } else if hold > c.routed - 1 + c.warm + c.starting + c.pending + c.waking + c.sleeping
+            {
+                self.begin_drain(&id, "scale down: to sleep once drained", now, out);
+                if let Some(r) = self.replicas.get_mut(&id) {
+                    r.then_sleep = true;
+                }
+                c.sleeping += 1;
             } else {
                 self.begin_drain(&id, "scale down", now, out);
             }
@@ -288,11 +315,19 @@ impl Node {
 
         // Replicas on their way (warm, starting, pending) should cover the routed deficit plus
         // the pool, within max.
-        let coming = c.warm + c.starting + c.pending;
-        let need = desired.saturating_sub(c.routed) + fill;
-        let keep = desired.saturating_sub(c.routed) + pool;
+        let coming = c.warm + c.starting + c.pending + c.waking;
+        let mut need = desired.saturating_sub(c.routed) + fill;
+        let awake_keep = desired.saturating_sub(c.routed) + pool;
+        let mut keep = awake_keep;
+        if sleepy {
+            // `min` counts replicas awake or asleep: cold starts fill the tier up to it (they
+            // warm, then sleep), and replicas on their way that fill it are not surplus.
+            let all = c.routed + coming + c.sleeping;
+            need = need.max(coming + tier_min.saturating_sub(all));
+            keep = keep.max(hold.saturating_sub(c.routed + c.sleeping));
+        }
         if coming < need {
-            let room = max.saturating_sub(c.routed + coming);
+            let room = max.saturating_sub(c.routed + coming + c.sleeping);
             // At most a batch per event: the rest come with the events that follow (every
             // start answers with one), so `scale` to a thousand costs the loop no more than
             // any other event.
@@ -353,13 +388,22 @@ impl Node {
                 }
             }
         }
+        // Also once the tier is gone (the model removed, or its `[model.sleep]`): its sleeping
+        // replicas stop.
+        if sleepy || c.sleeping > 0 {
+            self.sleep_trim(name, awake_keep, hold, now, out);
+        }
     }
 
     /// Departing and serving nothing: stopped (a batch per event) rather than drained.
     pub(super) fn idle_departing(&self, r: &Replica) -> bool {
         matches!(
             r.state,
-            ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending
+            ReplicaState::Warm
+                | ReplicaState::Starting
+                | ReplicaState::Pending
+                | ReplicaState::Sleeping
+                | ReplicaState::FallingAsleep
         ) && self.departing(r)
     }
 
@@ -405,7 +449,7 @@ impl Node {
 
     /// The first `k` of [`Self::ranked`], copying only their ids: a loop that may take a batch
     /// of a thousand candidates pays a partial selection, not a sort and a copy of all.
-    fn ranked_first<K: Ord>(
+    pub(super) fn ranked_first<K: Ord>(
         &self,
         model: &str,
         f: impl Fn(&Replica) -> bool,
@@ -527,9 +571,12 @@ impl Node {
             };
             match r.state {
                 ReplicaState::Routed => self.begin_drain(&id, "shutdown", now, out),
-                ReplicaState::Warm | ReplicaState::Starting | ReplicaState::Pending => {
-                    self.stop(&id, "shutdown", false, now, out)
-                }
+                ReplicaState::Warm
+                | ReplicaState::Starting
+                | ReplicaState::Pending
+                | ReplicaState::FallingAsleep
+                | ReplicaState::Sleeping
+                | ReplicaState::Waking => self.stop(&id, "shutdown", false, now, out),
                 ReplicaState::Draining => {
                     let grace = self
                         .models

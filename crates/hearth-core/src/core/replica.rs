@@ -110,6 +110,12 @@ pub struct Replica {
     pub scraped_queue_time: Option<QueueTime>,
     /// Memory and CPU of its processes, as the shell last sampled them.
     pub usage: Usage,
+    /// Draining to sleep rather than to stop (`[model.sleep]`): once nothing is in flight.
+    pub then_sleep: bool,
+    /// Falling asleep or waking: the index of the request whose answer is awaited next.
+    pub sleep_step: usize,
+    /// Waking since (the first wake request): its wake time is measured from here.
+    pub wake_started: Option<Time>,
 }
 
 impl Replica {
@@ -156,6 +162,9 @@ impl Replica {
             overrun_warned: false,
             scraped_queue_time: None,
             usage: Usage::default(),
+            then_sleep: false,
+            sleep_step: 0,
+            wake_started: None,
         }
     }
 

@@ -325,7 +325,11 @@ impl Node {
             return;
         };
         if r.state == ReplicaState::Draining && sample.in_flight == 0 && sample.queue_depth == 0 {
-            self.stop(id, "drained: no work in flight", false, now, out);
+            if r.then_sleep && self.shutdown.is_none() && self.sleepy(&r.model) {
+                self.begin_sleep(id, "drained: no work in flight", now, out);
+            } else {
+                self.stop(id, "drained: no work in flight", false, now, out);
+            }
         }
     }
 
@@ -352,7 +356,7 @@ impl Node {
                     .models
                     .get(&model)
                     .filter(|m| !m.removed)
-                    .map_or(0, |m| m.min());
+                    .map_or(0, |m| m.routed_min());
                 // Routed replicas that stay: not this one, nor others already on their way out.
                 let staying = self
                     .replicas
@@ -388,7 +392,11 @@ impl Node {
             ReplicaState::Pending => {
                 self.forget(&rid, "removed by operator", out);
             }
-            ReplicaState::Starting | ReplicaState::Warm => {
+            ReplicaState::Starting
+            | ReplicaState::Warm
+            | ReplicaState::FallingAsleep
+            | ReplicaState::Sleeping
+            | ReplicaState::Waking => {
                 // Nothing is routed to it: there is no work to wait for.
                 self.stop(&rid, "drained by operator", false, now, out)
             }
@@ -487,7 +495,7 @@ impl Node {
         } else {
             format!("operator set min {lo}, max {hi}")
         };
-        let clamped = m.desired_routed.clamp(lo, hi);
+        let clamped = m.desired_routed.clamp(m.routed_min(), hi);
         out.push(Action::PersistOverrides(self.overrides()));
         self.set_desired(
             model,

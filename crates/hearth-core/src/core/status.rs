@@ -18,7 +18,7 @@ impl Node {
     /// get one ready did not succeed. A first cold start is not this (nothing has failed yet),
     /// nor a model at zero with nothing asked of it, nor a daemon shutting down.
     fn unavailable(&self, m: &ModelState, c: &Counts) -> Option<String> {
-        if self.shutdown.is_some() || c.routed + c.leaving + c.warm > 0 {
+        if self.shutdown.is_some() || c.routed + c.leaving + c.warm + c.sleeping + c.waking > 0 {
             return None;
         }
         if m.desired_routed == 0 && c.pending + c.starting == 0 {
@@ -107,6 +107,16 @@ impl Node {
             starting: c.starting,
             pending: c.pending,
             draining,
+            sleeping: replicas
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        r.state,
+                        ReplicaState::Sleeping | ReplicaState::FallingAsleep
+                    )
+                })
+                .count() as u32,
+            waking: c.waking,
             desired_routed: m.desired_routed,
             desired_warm: self.desired_warm(name),
             min: m.min(),
@@ -134,6 +144,7 @@ impl Node {
                 halted: r.halted.clone(),
             }),
             time_to_ready_ms: m.time_to_ready.map(|d| d.as_millis() as u64),
+            wake: m.config.sleep.as_ref().map(|_| m.wakes.view()),
             restarts_total: m.total_restarts,
             drained: m.overrides.drained,
             replicas: replicas

@@ -21,7 +21,7 @@ pub use daemon_view::{
 pub use lines::{decode_answer, encode_answer, parse_request, AnswerError};
 pub use views::{
     Endpoint, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView, RolloutView,
-    ScaleView, SignalView, StatusView, WatchEvent, WatchedState,
+    ScaleView, SignalView, StatusView, WakeView, WatchEvent, WatchedState,
 };
 
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::{wire_name, WarmPoolSetting};
 
 /// A replica's lifecycle state (docs/design.md: `pending → starting → warm ⇄ routed →
-/// draining`, plus `stopping`: signalled, waiting for the process to exit).
+/// draining`, plus `stopping`: signalled, waiting for the process to exit; and for a model with
+/// `[model.sleep]`, `warm → falling_asleep → sleeping → waking → warm`: docs/sleep.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {
@@ -26,6 +27,12 @@ pub enum ReplicaState {
     Draining,
     /// Signalled to stop; waiting for the process to exit. Still holds its port and GPUs.
     Stopping,
+    /// Being put to sleep: its sleep requests are under way (nothing is in flight on it).
+    FallingAsleep,
+    /// Asleep: its process, port and devices kept, its memory released; woken on demand.
+    Sleeping,
+    /// Being woken: its wake requests, then the warm-up, under way.
+    Waking,
 }
 
 impl fmt::Display for ReplicaState {
@@ -106,6 +113,12 @@ pub struct ModelView {
     pub starting: u32,
     pub pending: u32,
     pub draining: u32,
+    /// Replicas asleep, and those on their way there (draining or falling asleep).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sleeping: u32,
+    /// Replicas being woken.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waking: u32,
     pub desired_routed: u32,
     #[serde(default)]
     pub desired_warm: u32,
@@ -125,6 +138,9 @@ pub struct ModelView {
     /// spawn → warm of the latest cold start, when measured
     #[serde(default)]
     pub time_to_ready_ms: Option<u64>,
+    /// A model with `[model.sleep]`: its wake times (first wake request → warm-up passed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake: Option<WakeView>,
     /// Replicas that failed (exited, failed a probe, never warmed) since the daemon started,
     /// each replaced after its back-off; `hearth_replica_restarts_total` in the metrics.
     #[serde(default)]
@@ -134,6 +150,22 @@ pub struct ModelView {
     #[serde(default)]
     pub drained: bool,
     pub replicas: Vec<ReplicaView>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A model's measured wake times, over its recent wakes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeView {
+    /// Wakes that passed their warm-up since the daemon started.
+    pub wakes: u64,
+    /// Wakes that failed or timed out (each stopped its replica).
+    pub failed: u64,
+    pub last_ms: Option<u64>,
+    pub p50_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
 }
 
 /// A change of what a model's replicas are (command, env, warm-up, version…) being rolled out.

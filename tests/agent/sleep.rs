@@ -1,0 +1,196 @@
+//! The sleeping tier end to end (docs/sleep.md), with the real binary and real toy servers that
+//! speak vLLM's sleep endpoints: a cold start of 30 s, a sleep of 1 s, a wake of 2 s. A model
+//! with `min = 3` and one routed holds two asleep (memory freed: the toys' `--hold-memory`);
+//! a burst that needs three wakes both, routes them, and starts no process. The wake time
+//! (first wake request → warm-up passed, as status says, and the wall clock from the burst to
+//! three routed) is printed, never asserted.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use testkit::status::{id, replicas_of};
+use testkit::*;
+
+/// What the toys hold awake and free asleep.
+const HELD: u64 = 96 << 20;
+
+fn model() -> Model {
+    Model::toy(
+        "m",
+        &[
+            "--host",
+            "127.0.0.1",
+            "--load-time",
+            "30s",
+            "--sleep-time",
+            "1s",
+            "--wake-time",
+            "2s",
+            "--service-time",
+            "500ms",
+            "--hold-memory",
+            "96MiB",
+        ],
+    )
+    .scale(3, 3, 0)
+    .startup_timeout("2m")
+    .sleep("format = \"vllm\"\nsleep_timeout = \"30s\"\nwake_timeout = \"30s\"")
+}
+
+/// Each replica's (state, pid, rss), by id.
+fn table(m: &Value) -> BTreeMap<String, (String, Option<u64>, Option<u64>)> {
+    replicas_of(m)
+        .iter()
+        .map(|r| {
+            (
+                id(r),
+                (
+                    r["state"].as_str().unwrap_or("").to_string(),
+                    r["pid"].as_u64(),
+                    r["rss_bytes"].as_u64(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_burst_wakes_the_sleeping_replicas_and_starts_none() {
+    let d = Daemon::builder().model(model()).start();
+    let m = d.wait_model(
+        "m",
+        "1 routed and 2 asleep",
+        Duration::from_secs(120),
+        |m| {
+            let asleep = table(m)
+                .values()
+                .filter(|(s, _, _)| s == "sleeping")
+                .count();
+            m["routed"] == 1 && asleep == 2
+        },
+    );
+    let before = table(&m);
+    let asleep: Vec<String> = before
+        .iter()
+        .filter(|(_, (s, _, _))| s == "sleeping")
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(asleep.len(), 2, "{m:#}");
+    let routed_id = before
+        .iter()
+        .find(|(_, (s, _, _))| s == "routed")
+        .map(|(id, _)| id.clone())
+        .unwrap();
+    // The toys asked answer like vLLM: asleep, completions refused, health 200.
+    let addr_of = |id: &str| {
+        replicas_of(&m)
+            .into_iter()
+            .find(|r| testkit::status::id(r) == id)
+            .and_then(|r| r["addr"].as_str().map(str::to_string))
+            .unwrap()
+    };
+    let sleeper = addr_of(&asleep[0]);
+    let probe = http(
+        &sleeper,
+        "GET",
+        "/is_sleeping",
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(probe.body, r#"{"is_sleeping":true}"#);
+    assert_eq!(
+        complete(&sleeper, Duration::from_secs(5)).unwrap().status,
+        503
+    );
+    assert_eq!(
+        http(&sleeper, "GET", "/health", None, Duration::from_secs(5))
+            .unwrap()
+            .status,
+        200
+    );
+    // Their memory is freed: the sleeping ones hold less than the routed one by about HELD
+    // (usage is sampled every 2 s, so the first samples may be from before they slept).
+    let freed = |m: &Value| {
+        let t = table(m);
+        let awake = t.get(&routed_id).and_then(|r| r.2)?;
+        let slept: Option<Vec<u64>> = asleep
+            .iter()
+            .map(|id| t.get(id).and_then(|r| r.2))
+            .collect();
+        let slept = slept?;
+        slept
+            .iter()
+            .all(|s| s + HELD / 2 < awake)
+            .then_some((awake, slept))
+    };
+    let m_rss = d.wait_model(
+        "m",
+        "the sleeping ones' memory freed",
+        Duration::from_secs(20),
+        |m| freed(m).is_some(),
+    );
+    let (awake, slept) = freed(&m_rss).unwrap();
+    println!("rss: routed {routed_id} {awake} B; asleep {asleep:?} {slept:?} B");
+
+    // The burst: 16 clients on the routed replica (one slot, 500 ms each): a wait of seconds,
+    // over the 2 s target, which needs three replicas.
+    let routed_addr = addr_of(&routed_id);
+    let burst = Instant::now();
+    let loads: Vec<Load> = (0..16)
+        .map(|_| {
+            let addr = routed_addr.clone();
+            Load::start(move || {
+                complete(&addr, Duration::from_secs(60))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    d.wait_model("m", "a wake", Duration::from_secs(60), |m| {
+        m["waking"].as_u64().unwrap_or(0) > 0 || m["routed"].as_u64().unwrap_or(0) > 1
+    });
+    let woke_at = burst.elapsed();
+    let m = d.wait_model("m", "3 routed", Duration::from_secs(60), |m| {
+        m["routed"] == 3
+    });
+    let routed_at = burst.elapsed();
+    for l in loads {
+        l.finish();
+    }
+    let after = table(&m);
+    // No cold start: the same three replicas, the same processes.
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>(),
+        "no replica was added: {m:#}"
+    );
+    for (id, (state, pid, _)) in &after {
+        assert_eq!(state, "routed", "{id}: {m:#}");
+        assert_eq!(*pid, before[id].1, "{id} is the same process");
+    }
+    let wake = &m["wake"];
+    assert_eq!(wake["wakes"], 2, "{m:#}");
+    assert_eq!(wake["failed"], 0, "{m:#}");
+    for id in &asleep {
+        let woke = addr_of(id);
+        assert_eq!(
+            complete(&woke, Duration::from_secs(10)).unwrap().status,
+            200
+        );
+    }
+    println!(
+        "wake → routed: status wake last {} ms, p50 {} ms, p99 {} ms; wall clock: burst → first \
+         wake seen {:.1} s, burst → 3 routed {:.1} s (cold start: 30 s)",
+        wake["last_ms"],
+        wake["p50_ms"],
+        wake["p99_ms"],
+        woke_at.as_secs_f64(),
+        routed_at.as_secs_f64()
+    );
+    assert!(
+        d.log().contains("awake and warm after"),
+        "{}",
+        d.log_tail(40)
+    );
+}
