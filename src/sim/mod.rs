@@ -131,7 +131,7 @@ pub enum SimError {
     NoConcurrency,
 }
 
-fn parse_dur(s: &str) -> Result<Duration, String> {
+fn parse_dur(s: &str) -> Result<Duration, crate::units::UnitError> {
     crate::units::parse_duration(s)
 }
 

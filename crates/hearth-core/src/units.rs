@@ -7,16 +7,48 @@ use std::time::Duration;
 const DURATION_FORM: &str =
     "expected a number followed by ms, s, m or h, e.g. \"250ms\", \"30s\", \"5m\", \"1h30m\"";
 
+/// What a text that does not read is meant to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKind {
+    Duration,
+    Size,
+}
+
+/// A duration or a size that does not read: the text, why, and (in the message) the forms that
+/// would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitError {
+    pub kind: UnitKind,
+    pub text: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for UnitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, form) = match self.kind {
+            UnitKind::Duration => ("duration", DURATION_FORM),
+            UnitKind::Size => ("size", SIZE_FORM),
+        };
+        write!(f, "invalid {what} {:?}: {}; {form}", self.text, self.why)
+    }
+}
+
+impl std::error::Error for UnitError {}
+
 /// Parse a duration such as "250ms", "30s", "5m", "2h", "1.5s" or "1m30s". A bare "0" is zero:
 /// it needs no unit to be unambiguous; any other number without a unit is an error.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     parse_duration_with(s, false)
 }
 
 /// [`parse_duration`], and with `fine` also "us" and "ns": what [`format_duration`] writes for
 /// a sub-millisecond part. People never need those units; state hearth writes and reads back does.
-fn parse_duration_with(s: &str, fine: bool) -> Result<Duration, String> {
-    let bad = |why: &str| format!("invalid duration {s:?}: {why}; {DURATION_FORM}");
+fn parse_duration_with(s: &str, fine: bool) -> Result<Duration, UnitError> {
+    let bad = |why: &str| UnitError {
+        kind: UnitKind::Duration,
+        text: s.to_string(),
+        why: why.to_string(),
+    };
     let text = s.trim();
     if text.is_empty() {
         return Err(bad("empty"));
@@ -121,8 +153,12 @@ const SIZE_FORM: &str =
 
 /// Parse a size in bytes such as "40GiB", "512MiB", "80GB", "1024" or "1.5GiB".
 /// KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024; units are case-sensitive.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let bad = |why: &str| format!("invalid size {s:?}: {why}; {SIZE_FORM}");
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
+    let bad = |why: &str| UnitError {
+        kind: UnitKind::Size,
+        text: s.to_string(),
+        why: why.to_string(),
+    };
     let text = s.trim();
     if text.is_empty() {
         return Err(bad("empty"));
@@ -217,7 +253,7 @@ mod tests {
         for bad in [
             "", "  ", "-1s", "10", "5x", "5 s", "s", "1.s", ".", "1..5s", "5sec", "1m30",
         ] {
-            let err = parse_duration(bad).expect_err(bad);
+            let err = parse_duration(bad).expect_err(bad).to_string();
             assert!(err.contains(&format!("{bad:?}")), "{err}");
             assert!(err.contains("250ms"), "{err}");
         }
@@ -301,7 +337,7 @@ mod tests {
             "4e9",
             "99999999999TiB",
         ] {
-            let err = parse_size(bad).expect_err(bad);
+            let err = parse_size(bad).expect_err(bad).to_string();
             assert!(err.contains(&format!("{bad:?}")), "{err}");
             assert!(err.contains("GiB"), "{err}");
         }

@@ -258,7 +258,10 @@ pub enum ConfigReadError {
     /// No data came within the deadline (a FIFO at the path, a hung filesystem).
     TimedOut { path: PathBuf, after: Duration },
     /// The scale overrides in force do not fit the new file (the core's own check).
-    Overrides { path: PathBuf, why: String },
+    Overrides {
+        path: PathBuf,
+        why: super::overrides::OverridesError,
+    },
 }
 
 impl std::fmt::Display for ConfigReadError {

@@ -177,7 +177,7 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
             ..Default::default()
         },
     ] {
-        let e = ok(bad.clone()).unwrap_err();
+        let e = ok(bad.clone()).unwrap_err().to_string();
         assert!(
             e.contains("model a") || e.contains("add up"),
             "{bad:?}: {e}"

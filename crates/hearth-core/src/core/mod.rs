@@ -87,7 +87,7 @@ pub use exit::{signal_name, ExitStatus, SpawnError};
 pub use gpu::{GpuDevice, GpuFault, Link, MigSlice, PeerLink};
 pub use model::Overrides;
 pub use node::Node;
-pub use overrides::check as check_overrides;
+pub use overrides::{check as check_overrides, OverridesError};
 pub use replica::{ReplicaId, ReplicaState};
 pub use xid::RecoveryAction;
 

@@ -110,7 +110,8 @@ impl<'a> Cx<'a> {
     ) -> Res<Duration> {
         match raw {
             None => Ok(default),
-            Some(s) => parse_duration(s.get_ref()).map_err(|m| self.err(key, Some(s.span()), m)),
+            Some(s) => parse_duration(s.get_ref())
+                .map_err(|m| self.err(key, Some(s.span()), m.to_string())),
         }
     }
 
@@ -129,7 +130,8 @@ impl<'a> Cx<'a> {
     }
 
     pub(super) fn size(&self, key: &str, raw: &Spanned<String>) -> Res<u64> {
-        let bytes = parse_size(raw.get_ref()).map_err(|m| self.err(key, Some(raw.span()), m))?;
+        let bytes = parse_size(raw.get_ref())
+            .map_err(|m| self.err(key, Some(raw.span()), m.to_string()))?;
         if bytes == 0 {
             return Err(self.err(key, Some(raw.span()), "must be greater than 0"));
         }

@@ -162,7 +162,8 @@ impl Cx<'_> {
 
     /// A size that may be zero.
     fn size0(&self, key: &str, raw: &Spanned<String>) -> Res<u64> {
-        crate::units::parse_size(raw.get_ref()).map_err(|m| self.err(key, Some(raw.span()), m))
+        crate::units::parse_size(raw.get_ref())
+            .map_err(|m| self.err(key, Some(raw.span()), m.to_string()))
     }
 
     /// vLLM serves `/sleep` only with `VLLM_SERVER_DEV_MODE=1`, which also opens
