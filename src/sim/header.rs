@@ -74,7 +74,7 @@ pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> 
         format!(
             "model {}: {} slots per replica ({}), cold start {}, promotion delay {}, target \
              wait {}, min {}, max {}, warm pool {} (hearth; 0 for hearth-nopool and the \
-             baselines); figures from {} on",
+             baselines), down_stabilization {}, down_step {} (hearth); figures from {} on",
             setup.model,
             p.concurrency,
             slots_from.says(),
@@ -84,6 +84,8 @@ pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> 
             p.min,
             p.max,
             pool,
+            m.scaling.down_stabilization,
+            m.scaling.down_step,
             workload::fmt_secs(p.warmup)
         ),
         setup.target_notes(),

@@ -298,6 +298,34 @@ pub enum WarmPool {
     Auto,
 }
 
+/// `down_stabilization` and `down_step`: the policy's own rule, or an operator's limit on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownLimit {
+    /// The policy decides how long to hold and how far to step (`"auto"`, the default).
+    Auto,
+    /// Never sooner than this (the policy may hold longer).
+    AtLeast(Duration),
+}
+
+impl DownLimit {
+    /// The least the operator imposes: nothing for `Auto`.
+    pub fn floor(self) -> Duration {
+        match self {
+            DownLimit::Auto => Duration::ZERO,
+            DownLimit::AtLeast(d) => d,
+        }
+    }
+}
+
+impl std::fmt::Display for DownLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownLimit::Auto => f.write_str("auto"),
+            DownLimit::AtLeast(d) => f.write_str(&crate::units::format_duration(*d)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScalingConfig {
     pub min: u32,
@@ -305,8 +333,10 @@ pub struct ScalingConfig {
     pub warm_pool: WarmPool,
     pub target_wait: Duration,
     pub down_below: f64,
-    pub down_stabilization: Duration,
-    pub down_step: Duration,
+    /// Calm this long at least before a step down.
+    pub down_stabilization: DownLimit,
+    /// At most one replica removed per this long.
+    pub down_step: DownLimit,
     pub max_up_step: u32,
     pub idle_to_zero: Duration,
     pub drain_timeout: Duration,

@@ -102,8 +102,11 @@ fn design_example_parses_with_documented_values() {
     assert_eq!(sc.warm_pool, WarmPool::Fixed(1));
     assert_eq!(sc.target_wait, Duration::from_millis(500));
     assert_eq!(sc.down_below, 0.5);
-    assert_eq!(sc.down_stabilization, Duration::from_secs(300));
-    assert_eq!(sc.down_step, Duration::from_secs(120));
+    assert_eq!(
+        sc.down_stabilization,
+        DownLimit::AtLeast(Duration::from_secs(300))
+    );
+    assert_eq!(sc.down_step, DownLimit::AtLeast(Duration::from_secs(120)));
     assert_eq!(sc.max_up_step, 4);
     assert_eq!(sc.idle_to_zero, Duration::from_secs(1800));
     assert_eq!(sc.drain_timeout, Duration::from_secs(300));
@@ -179,8 +182,8 @@ fn minimal_model_gets_defaults() {
             warm_pool: WarmPool::Fixed(0),
             target_wait: Duration::from_millis(500),
             down_below: 0.5,
-            down_stabilization: Duration::from_secs(300),
-            down_step: Duration::from_secs(120),
+            down_stabilization: DownLimit::Auto,
+            down_step: DownLimit::Auto,
             max_up_step: 4,
             idle_to_zero: Duration::from_secs(1800),
             drain_timeout: Duration::from_secs(300),
@@ -382,6 +385,35 @@ fn bad_durations_and_sizes_name_the_key() {
 
     let text = "[gpus]\n[[gpus.device]]\nuuid = \"a\"\nmemory = \"lots\"\n";
     fails(text, "gpus.device[0].memory", 4);
+
+    // The way down's limits: "auto" or a duration; anything else names the key and its line.
+    for key in ["down_stabilization", "down_step"] {
+        for bad in ["\"soon\"", "\"Auto\"", "\"-5s\"", "5"] {
+            let text = format!("{}[model.scaling]\n{key} = {bad}\n", model("a"));
+            let m = fails(
+                &text,
+                &format!("model[0].scaling.{key}"),
+                line_of(&text, key, 0),
+            );
+            assert!(bad == "5" || m.contains("auto"), "{m}");
+        }
+    }
+}
+
+#[test]
+fn the_way_down_is_the_policys_unless_limited() {
+    let text = format!(
+        "{}[model.scaling]\ndown_stabilization = \"auto\"\ndown_step = \"45s\"\n",
+        model("a")
+    );
+    let c = parse(&text).expect("valid");
+    let sc = &c.models[0].scaling;
+    assert_eq!(sc.down_stabilization, DownLimit::Auto);
+    assert_eq!(sc.down_step, DownLimit::AtLeast(Duration::from_secs(45)));
+    assert_eq!(sc.down_step.floor(), Duration::from_secs(45));
+    assert_eq!(sc.down_stabilization.floor(), Duration::ZERO);
+    assert_eq!(sc.down_step.to_string(), "45s");
+    assert_eq!(sc.down_stabilization.to_string(), "auto");
 }
 
 #[test]

@@ -10,9 +10,10 @@ use crate::config::raw::{
     index, join, Opt, RawLiveness, RawModel, RawScaling, RawSignal, RawWarmup, Templates,
 };
 use crate::config::{
-    defaults, DeviceNaming, LaunchSpec, LivenessConfig, ModelConfig, Placement, ScalingConfig,
-    ScrapeFormat, SignalConfig, WarmPool, WarmupConfig,
+    defaults, DeviceNaming, DownLimit, LaunchSpec, LivenessConfig, ModelConfig, Placement,
+    ScalingConfig, ScrapeFormat, SignalConfig, WarmPool, WarmupConfig,
 };
+use crate::units::parse_duration;
 
 /// `env` or `headers` as the typed config holds them.
 fn plain(t: &Opt<Templates>) -> BTreeMap<String, String> {
@@ -452,6 +453,17 @@ impl Cx<'_> {
         })
     }
 
+    /// `"auto"` (the default) or a duration.
+    fn down_limit(&self, key: &str, raw: &Opt<String>) -> Res<DownLimit> {
+        match raw {
+            None => Ok(DownLimit::Auto),
+            Some(s) if s.get_ref() == "auto" => Ok(DownLimit::Auto),
+            Some(s) => parse_duration(s.get_ref())
+                .map(DownLimit::AtLeast)
+                .map_err(|m| self.err(key, Some(s.span()), format!("{m} (or \"auto\")"))),
+        }
+    }
+
     fn scaling(&self, p: &str, raw: &Opt<RawScaling>) -> Res<ScalingConfig> {
         let empty = RawScaling::default();
         let raw = raw.as_ref().map(Spanned::get_ref).unwrap_or(&empty);
@@ -526,8 +538,9 @@ impl Cx<'_> {
                 Duration::from_millis(500),
             )?,
             down_below,
-            down_stabilization: d("down_stabilization", &raw.down_stabilization, 300)?,
-            down_step: d("down_step", &raw.down_step, 120)?,
+            down_stabilization: self
+                .down_limit(&k("down_stabilization"), &raw.down_stabilization)?,
+            down_step: self.down_limit(&k("down_step"), &raw.down_step)?,
             max_up_step,
             idle_to_zero: d("idle_to_zero", &raw.idle_to_zero, 1800)?,
             drain_timeout: d("drain_timeout", &raw.drain_timeout, 300)?,

@@ -1,14 +1,29 @@
-//! The way down: one replica per `down_step`, along the envelope, once the stabilization
-//! window is calm. Scaling down early costs a cold start when the load comes back.
+//! The way down: one replica per `down_step` (`"auto"`: 2 minutes), along the envelope, once
+//! the stabilization window (`"auto"`: 5 minutes) is calm. Scaling down early costs a cold start when the load comes back.
 
 use std::time::Duration;
 
 use super::{Autoscaler, Decision, Inputs};
+use crate::config::DownLimit;
 use crate::core::capacity::{replicas_needed, WAIT_TAIL};
 
 /// Standard deviations of Poisson noise by which the newer half of the stabilization window's
 /// arrival rate must exceed the older half before the load counts as rising.
 const TREND_Z: f64 = 2.0;
+/// `down_stabilization = "auto"`: the calm the policy waits for before a step down. An economic
+/// rule (a hold tied to the time-to-ready, several replicas per step) was measured against this
+/// one on the grid and not yet found better: BENCHMARKS.md, "The grid".
+const AUTO_STABILIZATION: Duration = Duration::from_secs(300);
+/// `down_step = "auto"`: one replica per this long.
+const AUTO_STEP: Duration = Duration::from_secs(120);
+
+/// What a limit means to the policy: "auto" is its own rule's figure.
+fn limit(l: DownLimit, auto: Duration) -> Duration {
+    match l {
+        DownLimit::Auto => auto,
+        DownLimit::AtLeast(d) => d,
+    }
+}
 
 impl Autoscaler {
     /// Down along the envelope, HPA-style: one replica per `down_step`, once the highest
@@ -24,6 +39,8 @@ impl Autoscaler {
     ) -> Option<Decision> {
         let now = inp.now;
         let s = inp.scaling;
+        let stabilization = limit(s.down_stabilization, AUTO_STABILIZATION);
+        let step = limit(s.down_step, AUTO_STEP);
         // Scale to zero: only after idle_to_zero with no work at all.
         if inp.min == 0 {
             if let Some(since) = self.idle_since {
@@ -46,10 +63,8 @@ impl Autoscaler {
             return None;
         }
         // A whole window of signal since it began, and a step since the last scale-down.
-        if self
-            .first_seen
-            .is_none_or(|t| now.since(t) < s.down_stabilization)
-            || self.last_down.is_some_and(|t| now.since(t) < s.down_step)
+        if self.first_seen.is_none_or(|t| now.since(t) < stabilization)
+            || self.last_down.is_some_and(|t| now.since(t) < step)
         {
             return None;
         }
@@ -57,7 +72,7 @@ impl Autoscaler {
         if wait >= calm_ms {
             return None;
         }
-        let window = s.down_stabilization;
+        let window = stabilization;
         let why = match self.envelope {
             Some((rate, _)) => {
                 // Each second's envelope already looks back one envelope span: its needs over
@@ -77,7 +92,7 @@ impl Autoscaler {
                 // The window looks back; a rise that carries on looks forward. A replica stopped
                 // while demand climbs back to it is a cold start soon after, and the wait pays
                 // for it while that runs.
-                if let Some(need) = self.rising_need(inp, rate, window) {
+                if let Some(need) = self.rising_need(inp, rate, window, step) {
                     if need >= desired {
                         return None;
                     }
@@ -118,7 +133,13 @@ impl Autoscaler {
     /// rate above its older half's by more than `TREND_Z` deviations of Poisson noise), the
     /// replicas the envelope's `rate` needs once the rise has gone on until the next step down
     /// could follow this one.
-    fn rising_need(&self, inp: &Inputs, rate: f64, window: Duration) -> Option<u32> {
+    fn rising_need(
+        &self,
+        inp: &Inputs,
+        rate: f64,
+        window: Duration,
+        step: Duration,
+    ) -> Option<u32> {
         let half = window / 2;
         let newer = self.demand.mean_rate(Duration::ZERO, half)?;
         let older = self.demand.mean_rate(half, half)?;
@@ -127,7 +148,7 @@ impl Autoscaler {
         if newer - older <= TREND_Z * noise {
             return None;
         }
-        let ahead = rate + (newer - older) / h * inp.scaling.down_step.as_secs_f64();
+        let ahead = rate + (newer - older) / h * step.as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
         Some(replicas_needed(
             ahead,

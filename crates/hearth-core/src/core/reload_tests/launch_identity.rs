@@ -195,7 +195,9 @@ fn live_changes(c: &ModelConfig) -> Vec<(&'static str, ModelConfig)> {
             with(&|m| {
                 m.scaling = ScalingConfig {
                     target_wait: scaling.target_wait * 2,
-                    down_stabilization: scaling.down_stabilization * 2,
+                    down_stabilization: crate::config::DownLimit::AtLeast(
+                        scaling.down_stabilization.floor() * 2 + Duration::from_secs(1),
+                    ),
                     ..scaling.clone()
                 }
             }),
