@@ -244,7 +244,7 @@ fn a_failed_sleep_request_stops_the_replica_and_says_why() {
     assert!(r.reason.contains("/sleep?level=1"), "{}", r.reason);
     assert!(h.node.models["m"].last_failure.contains("HTTP 404"));
     // It is replaced: a cold start after the back-off, since min counts it.
-    h.exit(&falling[0], "exit status 0");
+    h.exit(&falling[0], crate::core::ExitStatus::Code(0));
     let out = h.run_for(Duration::from_secs(3));
     assert_eq!(spawns(&out), 1);
 }

@@ -64,6 +64,18 @@ enum Segment {
     Any,
 }
 
+/// A path rule that is not of the form rules take ([`RULE_FORM`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadPathRule(pub String);
+
+impl std::fmt::Display for BadPathRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {RULE_FORM}", self.0)
+    }
+}
+
+impl std::error::Error for BadPathRule {}
+
 impl PathRules {
     pub fn default_inference() -> PathRules {
         PathRules::parse(DEFAULT_INFERENCE_PATHS.iter().copied())
@@ -71,11 +83,11 @@ impl PathRules {
     }
 
     /// Rules from their text; the first bad one is the error.
-    pub fn parse<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<PathRules, String> {
+    pub fn parse<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<PathRules, BadPathRule> {
         let mut rules = Vec::new();
         for text in texts {
             let segments = segments(text)
-                .ok_or_else(|| format!("{text:?}: {RULE_FORM}"))?
+                .ok_or_else(|| BadPathRule(text.to_string()))?
                 .into_iter()
                 .map(|s| {
                     if s == "*" {

@@ -7,6 +7,44 @@ use std::fmt;
 use std::net::IpAddr;
 
 /// A network: an address and how many of its leading bits count.
+/// Why a text is not an address or a CIDR block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CidrError {
+    NotAnAddress(String),
+    Prefix {
+        text: String,
+        bits: u8,
+    },
+    HostBits {
+        text: String,
+        network: IpAddr,
+        prefix: u8,
+    },
+}
+
+impl std::fmt::Display for CidrError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CidrError::NotAnAddress(s) => {
+                write!(f, "{s:?} is not an IP address or a CIDR block (IP/PREFIX)")
+            }
+            CidrError::Prefix { text, bits } => {
+                write!(f, "{text:?}: the prefix must be a number from 0 to {bits}")
+            }
+            CidrError::HostBits {
+                text,
+                network,
+                prefix,
+            } => write!(
+                f,
+                "{text:?} has bits set past its /{prefix} prefix; the block is {network}/{prefix}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CidrError {}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
     addr: IpAddr,
@@ -16,32 +54,34 @@ pub struct Cidr {
 impl Cidr {
     /// `IP` or `IP/PREFIX`; the bits past the prefix must be zero (`10.1.0.0/16`, not
     /// `10.1.2.3/16`, which would say less than it seems to).
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (ip, prefix) = match s.split_once('/') {
             Some((ip, p)) => (ip, Some(p)),
             None => (s, None),
         };
         let addr: IpAddr = ip
             .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or a CIDR block (IP/PREFIX)"))?;
+            .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let bits = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => bits,
             Some(p) => match p.parse::<u8>() {
                 Ok(n) if n <= bits => n,
                 _ => {
-                    return Err(format!(
-                        "{s:?}: the prefix must be a number from 0 to {bits}"
-                    ))
+                    return Err(CidrError::Prefix {
+                        text: s.to_string(),
+                        bits,
+                    })
                 }
             },
         };
         let cidr = Cidr { addr, prefix };
         if cidr.network() != addr {
-            return Err(format!(
-                "{s:?} has bits set past its /{prefix} prefix; the block is {}/{prefix}",
-                cidr.network()
-            ));
+            return Err(CidrError::HostBits {
+                text: s.to_string(),
+                network: cidr.network(),
+                prefix,
+            });
         }
         Ok(cidr)
     }
@@ -132,7 +172,7 @@ mod tests {
             ("", "not an IP"),
         ] {
             let e = Cidr::parse(bad).unwrap_err();
-            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(e.to_string().contains(says), "{bad:?}: {e}");
         }
         assert_eq!(
             Cidr::parse("2001:db8::/32").unwrap().to_string(),

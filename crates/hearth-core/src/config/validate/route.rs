@@ -192,8 +192,9 @@ impl Cx<'_> {
             let paths = match &m.paths {
                 None => None,
                 Some(v) => Some(
-                    PathRules::parse(v.get_ref().iter().map(|p| p.get_ref().as_str()))
-                        .map_err(|e| self.err(&join(&key, "paths"), Some(v.span()), e))?,
+                    PathRules::parse(v.get_ref().iter().map(|p| p.get_ref().as_str())).map_err(
+                        |e| self.err(&join(&key, "paths"), Some(v.span()), e.to_string()),
+                    )?,
                 ),
             };
             per_model.insert(name.into_inner(), RouteModelConfig { max_queue, paths });
@@ -235,8 +236,13 @@ impl Cx<'_> {
             .into_iter()
             .enumerate()
             .map(|(i, s)| {
-                Cidr::parse(s.get_ref().trim())
-                    .map_err(|e| self.err(&index("route.trusted_proxies", i), Some(s.span()), e))
+                Cidr::parse(s.get_ref().trim()).map_err(|e| {
+                    self.err(
+                        &index("route.trusted_proxies", i),
+                        Some(s.span()),
+                        e.to_string(),
+                    )
+                })
             })
             .collect::<Res<Vec<Cidr>>>()?;
         Ok(TrustedProxies(nets))
