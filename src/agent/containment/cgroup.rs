@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::procfs;
+use super::ContainmentError;
 use crate::core::Usage;
 
 /// Where cgroup v2 is mounted, from /proc/self/mountinfo (never assumed: /sys/fs/cgroup on a
@@ -134,7 +135,7 @@ impl Cgroup {
 
     /// Kills everything in it, waits up to `patience` for it to empty, removes it (and the
     /// empty cgroups below it). How many processes it held; an error if it would not empty.
-    pub fn kill_and_remove(&self, patience: Duration) -> Result<usize, String> {
+    pub fn kill_and_remove(&self, patience: Duration) -> Result<usize, ContainmentError> {
         if !self.dir.exists() {
             return Ok(0);
         }
@@ -143,18 +144,21 @@ impl Cgroup {
         loop {
             if let Err(e) = self.kill() {
                 if self.dir.exists() {
-                    return Err(format!("killing {}: {e}", self.dir.display()));
+                    return Err(ContainmentError::Cgroup(format!(
+                        "killing {}: {e}",
+                        self.dir.display()
+                    )));
                 }
             }
             if !self.populated() {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(ContainmentError::Cgroup(format!(
                     "{} still holds {} process(es) {patience:?} after SIGKILL (uninterruptible sleep?)",
                     self.dir.display(),
                     self.procs_recursive().len()
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -162,14 +166,17 @@ impl Cgroup {
     }
 
     /// Removes it and the cgroups below it, deepest first; they must be empty.
-    pub fn remove(&self) -> Result<(), String> {
+    pub fn remove(&self) -> Result<(), ContainmentError> {
         for c in self.children() {
             c.remove()?;
         }
         match fs::remove_dir(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("removing {}: {e}", self.dir.display())),
+            Err(e) => Err(ContainmentError::Cgroup(format!(
+                "removing {}: {e}",
+                self.dir.display()
+            ))),
         }
     }
 

@@ -107,7 +107,7 @@ impl Containment {
             if wanted == Wanted::Groups {
                 why_not.push(format!("{CONTAINMENT_ENV}=groups"));
             }
-            Backend::Groups(groups::Groups::open().map_err(anyhow::Error::msg)?)
+            Backend::Groups(groups::Groups::open()?)
         };
         let mode = match &backend {
             Backend::Scopes(_) => Mode::Scopes,

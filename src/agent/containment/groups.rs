@@ -22,6 +22,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 use super::procfs::{self, Stat};
+use super::ContainmentError;
 use crate::core::ReplicaId;
 
 /// A process, for good: pid and start time.
@@ -35,14 +36,14 @@ pub struct Groups {
 
 impl Groups {
     /// Makes this process a child subreaper.
-    pub fn open() -> Result<Groups, String> {
+    pub fn open() -> Result<Groups, ContainmentError> {
         // SAFETY: prctl with an integer argument.
         let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         if rc != 0 {
-            return Err(format!(
+            return Err(ContainmentError::Cgroup(format!(
                 "PR_SET_CHILD_SUBREAPER: {}",
                 std::io::Error::last_os_error()
-            ));
+            )));
         }
         Ok(Groups::default())
     }

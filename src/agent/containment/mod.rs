@@ -193,13 +193,10 @@ impl Containment {
     pub fn stop_leftover(&self, l: &Leftover) -> Result<(), ContainmentError> {
         match &self.backend {
             Backend::Subtree(_) => match &l.cgroup {
-                Some(cg) => cg
-                    .kill_and_remove(EMPTY_PATIENCE)
-                    .map(|_| ())
-                    .map_err(ContainmentError::Cgroup),
+                Some(cg) => cg.kill_and_remove(EMPTY_PATIENCE).map(|_| ()),
                 None => Ok(()),
             },
-            Backend::Scopes(s) => s.stop(&l.replica).map_err(ContainmentError::Systemd),
+            Backend::Scopes(s) => s.stop(&l.replica),
             Backend::Groups(_) => Ok(()),
         }
     }
@@ -209,10 +206,7 @@ impl Containment {
     /// Before fork: the replica's cgroup, created empty (cgroup2 mode).
     pub fn prepare(&self, spec: &SpawnSpec) -> Result<Placement, ContainmentError> {
         let cgroup = match &self.backend {
-            Backend::Subtree(s) => Some(
-                s.create(spec.replica.as_str())
-                    .map_err(ContainmentError::Cgroup)?,
-            ),
+            Backend::Subtree(s) => Some(s.create(spec.replica.as_str())?),
             _ => None,
         };
         Ok(Placement {
@@ -251,9 +245,7 @@ impl Containment {
             }
             Backend::Scopes(s) => {
                 let description = format!("hearth replica {} (model {})", p.replica, p.model);
-                let cg = s
-                    .start(p.replica.as_str(), &description, pid, p.stop_grace)
-                    .map_err(ContainmentError::Systemd)?;
+                let cg = s.start(p.replica.as_str(), &description, pid, p.stop_grace)?;
                 *p.cgroup.lock().unwrap_or_else(|e| e.into_inner()) = Some(cg);
                 Ok(())
             }

@@ -13,12 +13,35 @@ use zbus::Connection;
 
 use super::cgroup::Cgroup;
 use super::procfs;
+use super::ContainmentError;
 
 const DEST: &str = "org.freedesktop.systemd1";
 const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 /// How long systemd may take to run the job that moves a child into its new scope.
 const PLACE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The D-Bus error systemd answers for a unit it does not have loaded (gone once empty).
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+
+/// How a method call failed, kept as zbus gave it: whether systemd said "no such unit" is read
+/// from the error's D-Bus name, not from its words.
+enum CallError {
+    Timeout,
+    Bus(zbus::Error),
+}
+
+impl CallError {
+    fn is_no_such_unit(&self) -> bool {
+        matches!(self, CallError::Bus(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT)
+    }
+
+    fn in_method(self, method: &str) -> ContainmentError {
+        ContainmentError::Systemd(match self {
+            CallError::Timeout => format!("{method}: no answer from systemd within 10 s"),
+            CallError::Bus(e) => format!("{method}: {e}"),
+        })
+    }
+}
 /// The device policy the unit gives hearth itself (hearth.service: `DevicePolicy=closed`,
 /// `DeviceAllow=char-nvidia* rw`). A scope is a cgroup of its own: without these, a replica
 /// moved out of the service's cgroup would leave the service's device filter behind.
@@ -102,13 +125,15 @@ impl Scopes {
         handle: Handle,
         instance: &str,
         mount: Option<PathBuf>,
-    ) -> Result<Scopes, String> {
+    ) -> Result<Scopes, ContainmentError> {
         let bus = handle
             .block_on(async {
                 tokio::time::timeout(Duration::from_secs(5), Connection::system()).await
             })
-            .map_err(|_| "no answer from the system bus within 5 s".to_string())?
-            .map_err(|e| format!("system bus: {e}"))?;
+            .map_err(|_| {
+                ContainmentError::Systemd("no answer from the system bus within 5 s".to_string())
+            })?
+            .map_err(|e| ContainmentError::Systemd(format!("system bus: {e}")))?;
         let s = Scopes {
             handle,
             bus,
@@ -118,7 +143,7 @@ impl Scopes {
         };
         let version: String = s
             .get_property(PATH, MANAGER, "Version")
-            .map_err(|e| format!("systemd on the system bus: {e}"))?;
+            .map_err(|e| ContainmentError::Systemd(format!("systemd on the system bus: {e}")))?;
         tracing::debug!("systemd {version} on the system bus");
         Ok(s)
     }
@@ -127,7 +152,7 @@ impl Scopes {
         format!("{}{replica}.scope", self.prefix)
     }
 
-    fn call<B>(&self, method: &str, body: &B) -> Result<zbus::Message, String>
+    fn call<B>(&self, method: &str, body: &B) -> Result<zbus::Message, CallError>
     where
         B: serde::Serialize + zbus::zvariant::DynamicType,
     {
@@ -140,8 +165,8 @@ impl Scopes {
                 )
                 .await
             })
-            .map_err(|_| format!("{method}: no answer from systemd within 10 s"))?
-            .map_err(|e| format!("{method}: {e}"))
+            .map_err(|_| CallError::Timeout)?
+            .map_err(CallError::Bus)
     }
 
     fn get_property<T>(&self, path: &str, iface: &str, name: &str) -> Result<T, String>
@@ -180,18 +205,20 @@ impl Scopes {
         description: &str,
         pid: u32,
         stop_grace: Duration,
-    ) -> Result<Cgroup, String> {
+    ) -> Result<Cgroup, ContainmentError> {
         let name = self.unit_name(replica);
         let props = scope_properties(&self.slice, description, pid, stop_grace);
         let aux: Vec<(&str, Vec<(&str, Value<'_>)>)> = Vec::new();
-        let reply = self.call(
-            "StartTransientUnit",
-            &(name.as_str(), "fail", to_values(&props), aux),
-        )?;
+        let reply = self
+            .call(
+                "StartTransientUnit",
+                &(name.as_str(), "fail", to_values(&props), aux),
+            )
+            .map_err(|e| e.in_method("StartTransientUnit"))?;
         let _job: OwnedObjectPath = reply
             .body()
             .deserialize()
-            .map_err(|e| format!("StartTransientUnit: {e}"))?;
+            .map_err(|e| ContainmentError::Systemd(format!("StartTransientUnit: {e}")))?;
         // The job runs after the call returns: the child is placed once /proc says so.
         let deadline = Instant::now() + PLACE_TIMEOUT;
         let suffix = format!("/{name}");
@@ -201,14 +228,14 @@ impl Scopes {
                     return Ok(Cgroup::new(self.cgroup_dir(&cg)));
                 }
                 None => {
-                    return Err(format!(
+                    return Err(ContainmentError::Systemd(format!(
                         "pid {pid} vanished before systemd placed it in {name}"
-                    ))
+                    )))
                 }
                 Some(_) if Instant::now() > deadline => {
-                    return Err(format!(
+                    return Err(ContainmentError::Systemd(format!(
                         "systemd did not move pid {pid} into {name} within {PLACE_TIMEOUT:?}"
-                    ))
+                    )))
                 }
                 Some(_) => std::thread::sleep(Duration::from_millis(5)),
             }
@@ -223,29 +250,32 @@ impl Scopes {
     }
 
     /// Signals every process of the scope.
-    pub fn kill(&self, replica: &str, signal: i32) -> Result<(), String> {
+    pub fn kill(&self, replica: &str, signal: i32) -> Result<(), ContainmentError> {
         let name = self.unit_name(replica);
         self.call("KillUnit", &(name.as_str(), "all", signal))
             .map(|_| ())
+            .map_err(|e| e.in_method("KillUnit"))
     }
 
     /// Stops the scope (SIGKILL first: its leader is gone, what is left goes at once).
-    pub fn stop(&self, replica: &str) -> Result<(), String> {
+    pub fn stop(&self, replica: &str) -> Result<(), ContainmentError> {
         let _ = self.kill(replica, libc::SIGKILL);
         let name = self.unit_name(replica);
         match self.call("StopUnit", &(name.as_str(), "replace")) {
             Ok(_) => Ok(()),
             // Already gone (collected once empty): nothing to stop.
-            Err(e) if e.contains("NoSuchUnit") || e.contains("not loaded") => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if e.is_no_such_unit() => Ok(()),
+            Err(e) => Err(e.in_method("StopUnit")),
         }
     }
 
     /// Scopes of this instance that exist now: (replica, unit, its cgroup directory).
-    pub fn list(&self) -> Result<Vec<(String, String, Option<Cgroup>)>, String> {
+    pub fn list(&self) -> Result<Vec<(String, String, Option<Cgroup>)>, ContainmentError> {
         let states: Vec<&str> = Vec::new();
         let patterns = vec![format!("{}*.scope", self.prefix)];
-        let reply = self.call("ListUnitsByPatterns", &(states, patterns))?;
+        let reply = self
+            .call("ListUnitsByPatterns", &(states, patterns))
+            .map_err(|e| e.in_method("ListUnitsByPatterns"))?;
         type Unit = (
             String,
             String,
@@ -261,7 +291,7 @@ impl Scopes {
         let units: Vec<Unit> = reply
             .body()
             .deserialize()
-            .map_err(|e| format!("ListUnitsByPatterns: {e}"))?;
+            .map_err(|e| ContainmentError::Systemd(format!("ListUnitsByPatterns: {e}")))?;
         Ok(units
             .into_iter()
             .filter_map(|u| {

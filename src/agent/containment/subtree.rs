@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 
 use super::cgroup::Cgroup;
+use super::ContainmentError;
 
 pub struct Subtree {
     pub root: Cgroup,
@@ -21,26 +22,35 @@ pub struct Subtree {
 impl Subtree {
     /// Creates (or takes over) `mount/instance`. An error says why this host cannot have one:
     /// a read-only mount, no permission, another daemon holding it.
-    pub fn open(mount: &Path, instance: &str) -> Result<Subtree, String> {
+    pub fn open(mount: &Path, instance: &str) -> Result<Subtree, ContainmentError> {
         let root = mount.join(instance);
         match fs::create_dir(&root) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("creating {}: {e}", root.display())),
+            Err(e) => {
+                return Err(ContainmentError::Cgroup(format!(
+                    "creating {}: {e}",
+                    root.display()
+                )))
+            }
         }
         // Moving a process needs write access to cgroup.procs of the target and of the common
         // ancestor of where it is and where it goes (here the hierarchy's root).
         for p in [root.join("cgroup.procs"), mount.join("cgroup.procs")] {
             if nix::unistd::access(&p, nix::unistd::AccessFlags::W_OK).is_err() {
-                return Err(format!("{} is not writable", p.display()));
+                return Err(ContainmentError::Cgroup(format!(
+                    "{} is not writable",
+                    p.display()
+                )));
             }
         }
-        let dir = fs::File::open(&root).map_err(|e| format!("opening {}: {e}", root.display()))?;
+        let dir = fs::File::open(&root)
+            .map_err(|e| ContainmentError::Cgroup(format!("opening {}: {e}", root.display())))?;
         let lock = Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-            format!(
+            ContainmentError::Cgroup(format!(
                 "{} is in use by another hearth daemon ({e})",
                 root.display()
-            )
+            ))
         })?;
         let controllers = enable_controllers(&root);
         Ok(Subtree {
@@ -55,21 +65,24 @@ impl Subtree {
     }
 
     /// A fresh, empty cgroup for a replica about to start.
-    pub fn create(&self, replica: &str) -> Result<Cgroup, String> {
+    pub fn create(&self, replica: &str) -> Result<Cgroup, ContainmentError> {
         let cg = self.replica(replica);
         match fs::create_dir(&cg.dir) {
             Ok(()) => Ok(cg),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 if cg.populated() {
-                    Err(format!(
+                    Err(ContainmentError::Cgroup(format!(
                         "{} still holds processes of an earlier replica {replica}",
                         cg.dir.display()
-                    ))
+                    )))
                 } else {
                     Ok(cg)
                 }
             }
-            Err(e) => Err(format!("creating {}: {e}", cg.dir.display())),
+            Err(e) => Err(ContainmentError::Cgroup(format!(
+                "creating {}: {e}",
+                cg.dir.display()
+            ))),
         }
     }
 
