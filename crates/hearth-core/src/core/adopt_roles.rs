@@ -215,19 +215,9 @@ impl Node {
     }
 
     fn send_warmup_after(&mut self, id: &ReplicaId, after: Duration, out: &mut Vec<Action>) {
-        let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) else {
-            return;
-        };
-        let Some(r) = self.replicas.get_mut(id) else {
-            return;
-        };
-        r.probe_in_flight = true;
-        out.push(Action::Probe {
-            replica: id.clone(),
-            kind: ProbeKind::Warmup,
-            after,
-            spec,
-        });
+        if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
+            self.send_probe(id, ProbeKind::Warmup, after, spec, out);
+        }
     }
 
     pub(super) fn publish_state(&self, id: &ReplicaId, out: &mut Vec<Action>) {

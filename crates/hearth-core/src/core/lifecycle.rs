@@ -165,16 +165,8 @@ impl Node {
         match r.state {
             ReplicaState::Starting => {
                 if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
-                    let Some(r) = self.replicas.get_mut(id) else {
-                        return;
-                    };
-                    r.probe_in_flight = true;
-                    out.push(Action::Probe {
-                        replica: id.clone(),
-                        kind: ProbeKind::Warmup,
-                        after: super::probes::WARMUP_RETRY_LOADING,
-                        spec,
-                    });
+                    let after = super::probes::WARMUP_RETRY_LOADING;
+                    self.send_probe(id, ProbeKind::Warmup, after, spec, out);
                 }
             }
             // Asked to stop before the process existed: now it can be told.

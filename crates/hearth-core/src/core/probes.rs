@@ -111,15 +111,8 @@ impl Node {
                     } else {
                         WARMUP_RETRY_WRONG
                     };
-                    let spec = self.probe_spec(id, ProbeKind::Warmup);
-                    if let (Some(spec), Some(r)) = (spec, self.replicas.get_mut(id)) {
-                        r.probe_in_flight = true;
-                        out.push(Action::Probe {
-                            replica: id.clone(),
-                            kind: ProbeKind::Warmup,
-                            after,
-                            spec,
-                        });
+                    if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
+                        self.send_probe(id, ProbeKind::Warmup, after, spec, out);
                     }
                 }
             }
@@ -162,6 +155,26 @@ impl Node {
             }
             _ => {} // a late answer for a replica that has moved on
         }
+    }
+
+    /// Sends a probe for a replica, which has one in flight until its answer comes.
+    pub(super) fn send_probe(
+        &mut self,
+        id: &ReplicaId,
+        kind: ProbeKind,
+        after: Duration,
+        spec: ProbeSpec,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(r) = self.replicas.get_mut(id) {
+            r.probe_in_flight = true;
+        }
+        out.push(Action::Probe {
+            replica: id.clone(),
+            kind,
+            after,
+            spec,
+        });
     }
 
     pub(super) fn probe_spec(&self, id: &ReplicaId, kind: ProbeKind) -> Option<ProbeSpec> {

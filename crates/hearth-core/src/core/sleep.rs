@@ -55,25 +55,6 @@ impl Node {
         })
     }
 
-    fn send(
-        &mut self,
-        id: &ReplicaId,
-        kind: ProbeKind,
-        after: Duration,
-        spec: ProbeSpec,
-        out: &mut Vec<Action>,
-    ) {
-        if let Some(r) = self.replicas.get_mut(id) {
-            r.probe_in_flight = true;
-        }
-        out.push(Action::Probe {
-            replica: id.clone(),
-            kind,
-            after,
-            spec,
-        });
-    }
-
     /// Puts a replica that serves nothing (warm, or drained) to sleep.
     pub(super) fn begin_sleep(
         &mut self,
@@ -85,26 +66,54 @@ impl Node {
         let Some(timeout) = self.sleep_config(id).map(|s| s.sleep_timeout) else {
             return;
         };
-        let Some(r) = self.replicas.get(id) else {
-            return;
-        };
-        let model = r.model.clone();
-        self.set_state(id, ReplicaState::FallingAsleep, now, out);
+        if self.enter_phase(id, ReplicaState::FallingAsleep, timeout, why, now, out) {
+            if let Some(r) = self.replicas.get_mut(id) {
+                r.then_sleep = false;
+            }
+            self.log_replica(id, format!("falling asleep: {why}"), out);
+            self.sleep_next(id, Duration::ZERO, now, out);
+        }
+    }
+
+    /// The start of falling asleep or waking: the state, its first request, its deadline and
+    /// reason. False: no such replica.
+    fn enter_phase(
+        &mut self,
+        id: &ReplicaId,
+        state: ReplicaState,
+        timeout: Duration,
+        why: &str,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        if !self.replicas.contains_key(id) {
+            return false;
+        }
+        self.set_state(id, state, now, out);
         let Some(r) = self.replicas.get_mut(id) else {
-            return;
+            return false;
         };
-        r.then_sleep = false;
         r.sleep_step = 0;
         r.deadline = Some(now + timeout);
         r.reason = why.into();
-        self.log(
-            LogLevel::Info,
-            &model,
-            Some(id),
-            format!("falling asleep: {why}"),
-            out,
-        );
-        self.sleep_next(id, Duration::ZERO, now, out);
+        true
+    }
+
+    fn log_replica(&self, id: &ReplicaId, line: String, out: &mut Vec<Action>) {
+        if let Some(r) = self.replicas.get(id) {
+            self.log(LogLevel::Info, &r.model, Some(id), line, out);
+        }
+    }
+
+    /// A replica's warm-up recheck interval: when a woken or sleeping one is next looked at.
+    fn recheck_of(&self, id: &ReplicaId) -> Duration {
+        self.replicas
+            .get(id)
+            .and_then(|r| {
+                let m = self.models.get(&r.model)?;
+                Some(m.config_of(&r.spec).launch.warmup.recheck)
+            })
+            .unwrap_or_default()
     }
 
     /// The next sleep request, or the state request once they are all answered, or asleep.
@@ -115,11 +124,11 @@ impl Node {
         let step = self.replicas.get(id).map_or(0, |r| r.sleep_step);
         if let Some(req) = s.sleep.get(step).cloned() {
             if let Some(spec) = self.sleep_spec(id, &req, None, now) {
-                self.send(id, ProbeKind::Sleep, after, spec, out);
+                self.send_probe(id, ProbeKind::Sleep, after, spec, out);
             }
         } else if let Some(st) = s.state.clone() {
             if let Some(spec) = self.sleep_spec(id, &st.request, Some(st.asleep), now) {
-                self.send(id, ProbeKind::SleepState, after, spec, out);
+                self.send_probe(id, ProbeKind::SleepState, after, spec, out);
             }
         } else {
             self.asleep(id, now, out);
@@ -131,11 +140,7 @@ impl Node {
             return;
         };
         let (model, took) = (r.model.clone(), now.since(r.since));
-        let recheck = self
-            .models
-            .get(&model)
-            .map(|m| m.config_of(&r.spec).launch.warmup.recheck)
-            .unwrap_or_default();
+        let recheck = self.recheck_of(id);
         self.set_state(id, ReplicaState::Sleeping, now, out);
         if let Some(r) = self.replicas.get_mut(id) {
             r.next_probe = now + recheck;
@@ -160,26 +165,13 @@ impl Node {
         let Some(timeout) = self.sleep_config(id).map(|s| s.wake_timeout) else {
             return;
         };
-        let Some(r) = self.replicas.get(id) else {
-            return;
-        };
-        let model = r.model.clone();
-        self.set_state(id, ReplicaState::Waking, now, out);
-        let Some(r) = self.replicas.get_mut(id) else {
-            return;
-        };
-        r.sleep_step = 0;
-        r.wake_started = Some(now);
-        r.deadline = Some(now + timeout);
-        r.reason = why.into();
-        self.log(
-            LogLevel::Info,
-            &model,
-            Some(id),
-            format!("waking: {why}"),
-            out,
-        );
-        self.wake_next(id, Duration::ZERO, now, out);
+        if self.enter_phase(id, ReplicaState::Waking, timeout, why, now, out) {
+            if let Some(r) = self.replicas.get_mut(id) {
+                r.wake_started = Some(now);
+            }
+            self.log_replica(id, format!("waking: {why}"), out);
+            self.wake_next(id, Duration::ZERO, now, out);
+        }
     }
 
     /// The next wake request, or the warm-up once they are all answered.
@@ -190,10 +182,10 @@ impl Node {
         let step = self.replicas.get(id).map_or(0, |r| r.sleep_step);
         if let Some(req) = s.wake.get(step).cloned() {
             if let Some(spec) = self.sleep_spec(id, &req, None, now) {
-                self.send(id, ProbeKind::Wake, after, spec, out);
+                self.send_probe(id, ProbeKind::Wake, after, spec, out);
             }
         } else if let Some(spec) = self.probe_spec(id, ProbeKind::Warmup) {
-            self.send(id, ProbeKind::Warmup, after, spec, out);
+            self.send_probe(id, ProbeKind::Warmup, after, spec, out);
         }
     }
 
@@ -291,11 +283,7 @@ impl Node {
         };
         let model = r.model.clone();
         let took = now.since(r.wake_started.unwrap_or(r.since));
-        let recheck = self
-            .models
-            .get(&model)
-            .map(|m| m.config_of(&r.spec).launch.warmup.recheck)
-            .unwrap_or_default();
+        let recheck = self.recheck_of(id);
         self.set_state(id, ReplicaState::Warm, now, out);
         if let Some(r) = self.replicas.get_mut(id) {
             r.next_probe = now + recheck;
@@ -436,7 +424,7 @@ impl Node {
                 if let Some(r) = self.replicas.get_mut(id) {
                     r.next_probe = now + every;
                 }
-                self.send(id, kind, Duration::ZERO, spec, out);
+                self.send_probe(id, kind, Duration::ZERO, spec, out);
             }
             _ => {}
         }
