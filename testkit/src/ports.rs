@@ -66,14 +66,18 @@ fn random() -> u64 {
     h.finish()
 }
 
-fn lock_slot(dir: &std::path::Path, first_port: u16) -> Option<Flock<File>> {
-    let file = OpenOptions::new()
+/// A lock file in the shared directory, made writable by every user's runs.
+fn lock_file(path: &std::path::Path) -> std::io::Result<File> {
+    OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o666)
-        .open(dir.join(first_port.to_string()))
-        .ok()?;
+        .open(path)
+}
+
+fn lock_slot(dir: &std::path::Path, first_port: u16) -> Option<Flock<File>> {
+    let file = lock_file(&dir.join(first_port.to_string())).ok()?;
     Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
 }
 
@@ -129,13 +133,7 @@ pub fn is_held(first: u16) -> bool {
 /// release on exit it shares.
 pub fn machine_lock(name: &str) -> Flock<File> {
     let path = lock_dir().join(format!("lock-{name}"));
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o666)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let file = lock_file(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     Flock::lock(file, FlockArg::LockExclusive)
         .unwrap_or_else(|(_, e)| panic!("flock {}: {e}", path.display()))
 }
