@@ -189,10 +189,7 @@ impl Effects {
                 let client = self.workers.http.clone();
                 let events = self.workers.events.clone();
                 self.workers.tracker.spawn(async move {
-                    // The core logs the words of a failure; what kind it was decides nothing there.
-                    let outcome = scrape::run(&client, &url, format, &models, timeout)
-                        .await
-                        .map_err(|e| e.to_string());
+                    let outcome = scrape::run(&client, &url, format, &models, timeout).await;
                     events.send(Event::Scraped { replica, outcome }).await;
                 });
             }

@@ -1,18 +1,11 @@
 //! The daemon's configuration file, rendered from [`Config`] and [`Model`]s.
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
-/// A TOML basic string (JSON's escapes are TOML's).
-pub fn q(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
-}
-
-fn list(items: &[String]) -> String {
-    let items: Vec<String> = items.iter().map(|s| q(s)).collect();
-    format!("[{}]", items.join(", "))
-}
+use serde::Serialize;
+use toml::{Table, Value};
 
 /// `hearth toy-server --port {port} ARGS…`, as a model's `command`.
 pub(crate) fn toy_command(args: &[&str]) -> Vec<String> {
@@ -234,101 +227,204 @@ impl Model {
 
     /// The `[[model]]` section, with `mark` (NAME, value) in its `env`.
     pub fn render(&self, mark: (&str, &str)) -> String {
-        let mut s = String::new();
-        let mut env = vec![format!("{} = {}", q(mark.0), q(mark.1))];
-        env.extend(self.env.iter().map(|(k, v)| format!("{} = {}", q(k), q(v))));
-        let _ = write!(
-            s,
-            "[[model]]\nname = {}\nversion = {}\ncommand = {}\nenv = {{ {} }}\n",
-            q(&self.name),
-            q(&self.version),
-            list(&self.command),
-            env.join(", "),
-        );
-        if let Some(u) = &self.user {
-            let _ = writeln!(s, "user = {}", q(u));
-        }
-        let _ = writeln!(s, "gpus = {}", self.gpus);
-        if let Some(m) = &self.gpu_memory {
-            let _ = writeln!(s, "gpu_memory = {}", q(m));
-        }
-        if let Some(p) = &self.placement {
-            let _ = writeln!(s, "placement = {}", q(p));
-        }
-        if let Some(n) = &self.device_naming {
-            let _ = writeln!(s, "device_naming = {}", q(n));
-        }
-        if let Some(a) = self.start_alone {
-            let _ = writeln!(s, "start_alone = {a}");
-        }
-        if let Some(p) = self.priority {
-            let _ = writeln!(s, "priority = {p}");
-        }
-        if !self.prefetch.is_empty() {
-            let _ = writeln!(s, "prefetch = {}", list(&self.prefetch));
-        }
-        if let Some(n) = self.slots {
-            let _ = writeln!(s, "slots = {n}");
-        }
+        let file = ModelsFile {
+            model: vec![self.section(mark)],
+        };
+        toml::to_string(&file).expect("a model serializes")
+    }
+
+    /// The `[[model]]` table, with `mark` (NAME, value) in its `env`.
+    fn section<'a>(&'a self, mark: (&'a str, &'a str)) -> ModelSection<'a> {
+        let mut env: BTreeMap<&str, &str> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        env.insert(mark.0, mark.1);
         let w = &self.warmup;
-        let _ = write!(
-            s,
-            "stop_grace = {}\n\n[model.warmup]\nurl = \"http://127.0.0.1:{{port}}{}\"\nbody = {}\n\
-             headers = {{ \"content-type\" = \"application/json\" }}\nexpect_status = 200\n\
-             expect_body = {}\ntimeout = {}\nstartup_timeout = {}\nrecheck = {}\n\n",
-            q(&self.stop_grace),
-            w.path,
-            q(&w.body),
-            q(&w.expect_body),
-            q(&w.timeout),
-            q(&w.startup_timeout),
-            q(&w.recheck),
-        );
-        if let Some(l) = &self.liveness {
-            let _ = write!(
-                s,
-                "[model.liveness]\nurl = \"http://127.0.0.1:{{port}}/health\"\ninterval = {}\n\
-                 timeout = {}\nfailures = {}\n\n",
-                q(&l.interval),
-                q(&l.timeout),
-                l.failures
-            );
-        }
-        if let Some(sig) = &self.signal {
-            let _ = write!(
-                s,
-                "[model.signal]\nscrape = \"http://127.0.0.1:{{port}}/metrics\"\nformat = {}\n\
-                 interval = {}\n\n",
-                q(&sig.format),
-                q(&sig.interval)
-            );
-        }
         let c = &self.scaling;
-        let _ = write!(
-            s,
-            "[model.scaling]\nmin = {}\nmax = {}\nwarm_pool = {}\n",
-            c.min, c.max, c.warm_pool
-        );
-        for (key, value) in [
-            ("target_wait", &c.target_wait),
-            ("stale_after", &c.stale_after),
-            ("down_stabilization", &c.down_stabilization),
-            ("down_step", &c.down_step),
-            ("drain_timeout", &c.drain_timeout),
-            ("idle_to_zero", &c.idle_to_zero),
-        ] {
-            if let Some(v) = value {
-                let _ = writeln!(s, "{key} = {}", q(v));
+        ModelSection {
+            name: &self.name,
+            version: &self.version,
+            command: &self.command,
+            env,
+            user: self.user.as_deref(),
+            gpus: self.gpus,
+            gpu_memory: self.gpu_memory.as_deref(),
+            placement: self.placement.as_deref(),
+            device_naming: self.device_naming.as_deref(),
+            start_alone: self.start_alone,
+            priority: self.priority,
+            prefetch: (!self.prefetch.is_empty()).then_some(&self.prefetch[..]),
+            slots: self.slots,
+            stop_grace: &self.stop_grace,
+            warmup: WarmupSection {
+                url: format!("http://127.0.0.1:{{port}}{}", w.path),
+                body: &w.body,
+                headers: BTreeMap::from([("content-type", "application/json")]),
+                expect_status: 200,
+                expect_body: &w.expect_body,
+                timeout: &w.timeout,
+                startup_timeout: &w.startup_timeout,
+                recheck: &w.recheck,
+            },
+            liveness: self.liveness.as_ref().map(|l| LivenessSection {
+                url: "http://127.0.0.1:{port}/health",
+                interval: &l.interval,
+                timeout: &l.timeout,
+                failures: l.failures,
+            }),
+            signal: self.signal.as_ref().map(|sig| SignalSection {
+                scrape: "http://127.0.0.1:{port}/metrics",
+                format: &sig.format,
+                interval: &sig.interval,
+            }),
+            scaling: ScalingSection {
+                min: c.min,
+                max: c.max,
+                warm_pool: c.warm_pool,
+                target_wait: c.target_wait.as_deref(),
+                stale_after: c.stale_after.as_deref(),
+                down_stabilization: c.down_stabilization.as_deref(),
+                down_step: c.down_step.as_deref(),
+                drain_timeout: c.drain_timeout.as_deref(),
+                idle_to_zero: c.idle_to_zero.as_deref(),
+                max_up_step: c.max_up_step,
+            },
+            sleep: self
+                .sleep
+                .as_deref()
+                .map(|lines| parsed(lines, "[model.sleep]")),
+        }
+    }
+}
+
+/// A file of `[[model]]`s only.
+#[derive(Serialize)]
+struct ModelsFile<'a> {
+    model: Vec<ModelSection<'a>>,
+}
+
+/// `[[model]]` as the daemon reads it; `None` leaves a key to the daemon's default. Fields are
+/// written in this order, which tests that edit the text rely on (`min = 1\nmax = 2`).
+#[derive(Serialize)]
+struct ModelSection<'a> {
+    name: &'a str,
+    version: &'a str,
+    command: &'a [String],
+    env: BTreeMap<&'a str, &'a str>,
+    user: Option<&'a str>,
+    gpus: u32,
+    gpu_memory: Option<&'a str>,
+    placement: Option<&'a str>,
+    device_naming: Option<&'a str>,
+    start_alone: Option<bool>,
+    priority: Option<i32>,
+    prefetch: Option<&'a [String]>,
+    slots: Option<u32>,
+    stop_grace: &'a str,
+    warmup: WarmupSection<'a>,
+    liveness: Option<LivenessSection<'a>>,
+    signal: Option<SignalSection<'a>>,
+    scaling: ScalingSection<'a>,
+    sleep: Option<Table>,
+}
+
+#[derive(Serialize)]
+struct WarmupSection<'a> {
+    url: String,
+    body: &'a str,
+    headers: BTreeMap<&'a str, &'a str>,
+    expect_status: u16,
+    expect_body: &'a str,
+    timeout: &'a str,
+    startup_timeout: &'a str,
+    recheck: &'a str,
+}
+
+#[derive(Serialize)]
+struct LivenessSection<'a> {
+    url: &'a str,
+    interval: &'a str,
+    timeout: &'a str,
+    failures: u32,
+}
+
+#[derive(Serialize)]
+struct SignalSection<'a> {
+    scrape: &'a str,
+    format: &'a str,
+    interval: &'a str,
+}
+
+#[derive(Serialize)]
+struct ScalingSection<'a> {
+    min: u32,
+    max: u32,
+    warm_pool: u32,
+    target_wait: Option<&'a str>,
+    stale_after: Option<&'a str>,
+    down_stabilization: Option<&'a str>,
+    down_step: Option<&'a str>,
+    drain_timeout: Option<&'a str>,
+    idle_to_zero: Option<&'a str>,
+    max_up_step: Option<u32>,
+}
+
+/// `[daemon]`, `[gpus]` and the models, as the daemon reads them.
+#[derive(Serialize)]
+struct FileSection<'a> {
+    daemon: DaemonSection<'a>,
+    gpus: GpusSection<'a>,
+    /// Always written: hearth refuses a file without `[[model]]` unless it says `model = []` (a
+    /// cut-short file must never read as "stop every model").
+    model: Vec<ModelSection<'a>>,
+}
+
+#[derive(Serialize)]
+struct DaemonSection<'a> {
+    socket: String,
+    state_dir: String,
+    ports: String,
+    tick: &'a str,
+    shutdown_timeout: &'a str,
+    metrics: Option<String>,
+    log_level: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct GpusSection<'a> {
+    backend: &'a str,
+    device: Vec<DeviceSection<'a>>,
+}
+
+#[derive(Serialize)]
+struct DeviceSection<'a> {
+    uuid: &'a str,
+    memory: &'a str,
+}
+
+/// `text`, TOML a test wrote by hand, as a table; `what` names it when it does not parse.
+fn parsed(text: &str, what: &str) -> Table {
+    text.parse::<Table>()
+        .unwrap_or_else(|e| panic!("the test's {what} is not TOML: {e}\n{text}"))
+}
+
+/// `extra` laid over `base`: tables merge key by key, arrays of tables are extended, any other
+/// value of `extra` replaces `base`'s.
+fn merge(base: &mut Table, extra: Table) {
+    for (key, value) in extra {
+        match (base.get_mut(&key), value) {
+            (Some(Value::Table(b)), Value::Table(e)) => merge(b, e),
+            (Some(Value::Array(b)), Value::Array(e))
+                if b.iter().chain(&e).all(|v| v.is_table()) =>
+            {
+                b.extend(e)
+            }
+            (_, value) => {
+                base.insert(key, value);
             }
         }
-        if let Some(n) = c.max_up_step {
-            let _ = writeln!(s, "max_up_step = {n}");
-        }
-        s.push('\n');
-        if let Some(lines) = &self.sleep {
-            let _ = writeln!(s, "[model.sleep]\n{lines}\n");
-        }
-        s
     }
 }
 
@@ -386,72 +482,64 @@ impl Config {
         if let Some(text) = &self.file {
             return moved(text, dir, ports, listen);
         }
-        // hearth refuses a file without [[model]] unless it says `model = []` (a cut-short file
-        // must never read as "stop every model"); the key has to come before any table.
-        let mut s = String::from(if self.models.is_empty() {
-            "model = []\n"
-        } else {
-            ""
-        });
-        s += &format!(
-            "[daemon]\nsocket = {}\nstate_dir = {}\nports = \"{}-{}\"\ntick = {}\n\
-             shutdown_timeout = {}\n",
-            q(&dir.join("hearth.sock").display().to_string()),
-            q(&dir.join("state").display().to_string()),
-            ports.0,
-            ports.1,
-            q(&self.tick),
-            q(&self.shutdown_timeout),
-        );
-        if let Some(p) = self.metrics {
-            let _ = writeln!(s, "metrics = \"127.0.0.1:{p}\"");
-        }
-        if let Some(level) = &self.log_level {
-            let _ = writeln!(s, "log_level = {}", q(level));
-        }
-        let _ = write!(s, "\n[gpus]\nbackend = {}\n\n", q(&self.gpu_backend));
-        for (uuid, memory) in &self.gpu_devices {
-            let _ = write!(
-                s,
-                "[[gpus.device]]\nuuid = {}\nmemory = {}\n\n",
-                q(uuid),
-                q(memory)
-            );
-        }
-        for m in &self.models {
-            s.push_str(&m.render(mark));
-        }
+        let file = FileSection {
+            daemon: DaemonSection {
+                socket: dir.join("hearth.sock").display().to_string(),
+                state_dir: dir.join("state").display().to_string(),
+                ports: format!("{}-{}", ports.0, ports.1),
+                tick: &self.tick,
+                shutdown_timeout: &self.shutdown_timeout,
+                metrics: self.metrics.map(|p| format!("127.0.0.1:{p}")),
+                log_level: self.log_level.as_deref(),
+            },
+            gpus: GpusSection {
+                backend: &self.gpu_backend,
+                device: self
+                    .gpu_devices
+                    .iter()
+                    .map(|(uuid, memory)| DeviceSection { uuid, memory })
+                    .collect(),
+            },
+            model: self.models.iter().map(|m| m.section(mark)).collect(),
+        };
+        let mut s = toml::to_string(&file).expect("a configuration serializes");
+        // What the test wrote by hand comes after, as it wrote it: its own tables, and the keys
+        // of `[route]` (followed, maybe, by `[route.…]` tables of its own).
         s.push_str(&self.extra);
         if let (Some(keys), Some(addr)) = (&self.route, listen) {
-            let _ = write!(s, "\n[route]\nlisten = \"{addr}\"\n{keys}");
+            let listen = toml::to_string(&Table::from_iter([(
+                "listen".to_string(),
+                Value::String(addr.to_string()),
+            )]))
+            .expect("an address serializes");
+            s += &format!("\n[route]\n{listen}{keys}");
         }
         s
     }
 }
 
-/// `text` with the lines that set `socket`, `state_dir`, `ports` and `listen` (at the start of a
-/// line, as config.toml.example writes them) pointing at the daemon's own.
+/// `text` with its `[daemon] socket`, `state_dir` and `ports` and its `[route] listen` pointing
+/// at the daemon's own, as CI moves config.toml.example's.
 fn moved(text: &str, dir: &Path, ports: (u16, u16), listen: Option<SocketAddr>) -> String {
-    text.lines()
-        .map(|l| {
-            let key = l.split('=').next().unwrap_or("").trim();
-            match key {
-                "socket" => format!(
-                    "socket = {}",
-                    q(&dir.join("hearth.sock").display().to_string())
-                ),
-                "state_dir" => format!(
-                    "state_dir = {}",
-                    q(&dir.join("state").display().to_string())
-                ),
-                "ports" => format!("ports = \"{}-{}\"", ports.0, ports.1),
-                "listen" if listen.is_some() => {
-                    format!("listen = \"{}\"", listen.expect("checked"))
-                }
-                _ => l.to_string(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-        + "\n"
+    let mut table = parsed(text, "configuration file");
+    let mut daemon = Table::new();
+    daemon.insert(
+        "socket".into(),
+        Value::String(dir.join("hearth.sock").display().to_string()),
+    );
+    daemon.insert(
+        "state_dir".into(),
+        Value::String(dir.join("state").display().to_string()),
+    );
+    daemon.insert(
+        "ports".into(),
+        Value::String(format!("{}-{}", ports.0, ports.1)),
+    );
+    let mut ours = Table::from_iter([("daemon".into(), Value::Table(daemon))]);
+    if let (Some(addr), true) = (listen, table.contains_key("route")) {
+        let route = Table::from_iter([("listen".into(), Value::String(addr.to_string()))]);
+        ours.insert("route".into(), Value::Table(route));
+    }
+    merge(&mut table, ours);
+    toml::to_string(&table).expect("a configuration serializes")
 }

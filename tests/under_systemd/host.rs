@@ -90,20 +90,22 @@ impl Host {
     /// The daemon's configuration file with `models`: the production paths (socket, state_dir
     /// by default), replica ports from the test's block, the front door on its last port.
     pub fn config(&self, models: &[Model]) -> String {
-        let mut s = format!(
-            "[daemon]\nports = \"{}-{}\"\ntick = \"100ms\"\nshutdown_timeout = \"20s\"\n\n",
-            self.ports.first,
-            self.ports.last - 1
-        );
+        let mut file = toml::toml! {
+            [daemon]
+            tick = "100ms"
+            shutdown_timeout = "20s"
+
+            // Requests wait at the front door while nothing is routed (the daemon stopped and
+            // started again): longer than that takes.
+            [route]
+            queue_timeout = "60s"
+        };
+        file["daemon"]["ports"] = format!("{}-{}", self.ports.first, self.ports.last - 1).into();
+        file["route"]["listen"] = self.route.to_string().into();
+        let mut s = toml::to_string(&file).expect("a configuration serializes");
         for m in models {
             s += &m.render(("HEARTH_TESTKIT_MARK", "under-systemd"));
         }
-        // Requests wait at the front door while nothing is routed (the daemon stopped and
-        // started again): longer than that takes.
-        s += &format!(
-            "[route]\nlisten = \"{}\"\nqueue_timeout = \"60s\"\n",
-            self.route
-        );
         s
     }
 

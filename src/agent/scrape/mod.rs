@@ -31,38 +31,7 @@ use crate::core::ScrapedQueue;
 /// A metrics page larger than this is refused rather than buffered.
 const MAX_BODY: usize = 8 << 20;
 
-/// Why a scrape gave no queue: the page could not be had, was not the text format, or lacks
-/// what the server's format needs. The core takes it as no signal and logs its words.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ScrapeError {
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("connection refused")]
-    Refused,
-    #[error("request failed: {0}")]
-    Request(String),
-    #[error("GET {url}: HTTP {status}")]
-    Status { url: String, status: u16 },
-    #[error("GET {url}: metrics larger than {} bytes", MAX_BODY)]
-    TooLarge { url: String },
-    #[error("GET {url}: metrics are not UTF-8")]
-    NotUtf8 { url: String },
-    #[error("the metrics page is empty")]
-    Empty,
-    #[error("not the Prometheus text format: {0}")]
-    NotTextFormat(String),
-    #[error("the metrics lack {name}: is this a {format} server, with metrics enabled?")]
-    Lacks { name: String, format: String },
-    #[error("{name} is {value}, not a count")]
-    NotACount { name: String, value: f64 },
-    /// Triton's `models`: none of them is on the page.
-    #[error("{format}: none of the models {models:?} is on the page ({series})")]
-    NoModel {
-        format: String,
-        models: Vec<String>,
-        series: String,
-    },
-}
+pub use hearth_core::core::ScrapeError;
 
 /// Fetches `url` within `timeout` and derives the queue by `format`. Any failure — refused,
 /// timed out, not 200, too large, unparseable, or lacking the format's metrics — is an `Err`
@@ -124,6 +93,7 @@ async fn fetch(
     while let Some(chunk) = resp.chunk().await.map_err(|e| request_error(&e, timeout))? {
         if body.len() + chunk.len() > MAX_BODY {
             return Err(ScrapeError::TooLarge {
+                limit: MAX_BODY,
                 url: url.to_string(),
             });
         }

@@ -328,7 +328,7 @@ pub enum Event {
     /// A scrape of a replica's metrics finished.
     Scraped {
         replica: ReplicaId,
-        outcome: Result<ScrapedQueue, String>,
+        outcome: Result<ScrapedQueue, super::ScrapeError>,
     },
     /// A control-socket request, already authenticated; answered by `Action::Reply`.
     Request {

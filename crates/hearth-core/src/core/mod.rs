@@ -65,6 +65,7 @@ mod replica;
 mod replicas;
 mod requests;
 mod scrape;
+mod scrape_error;
 mod sleep;
 #[cfg(test)]
 mod sleep_tests;
@@ -89,6 +90,7 @@ pub use model::Overrides;
 pub use node::Node;
 pub use overrides::{check as check_overrides, OverridesError};
 pub use replica::{ReplicaId, ReplicaState};
+pub use scrape_error::ScrapeError;
 pub use xid::RecoveryAction;
 
 use std::ops::{Add, Sub};

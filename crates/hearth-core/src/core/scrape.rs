@@ -53,7 +53,7 @@ impl Node {
     pub(super) fn scraped(
         &mut self,
         id: &ReplicaId,
-        outcome: Result<ScrapedQueue, String>,
+        outcome: Result<ScrapedQueue, super::ScrapeError>,
         now: Time,
         out: &mut Vec<Action>,
     ) {
@@ -146,7 +146,9 @@ mod tests {
     use std::time::Duration;
 
     use super::super::harness::{model, Harness, BASE};
-    use super::super::{Action, Event, LogLevel, QueueTime, ReplicaId, ReplicaState, ScrapedQueue};
+    use super::super::{
+        Action, Event, LogLevel, QueueTime, ReplicaId, ReplicaState, ScrapeError, ScrapedQueue,
+    };
 
     fn scraped_config(extra_scaling: &str) -> String {
         let signal = "[model.signal]\nscrape = \"http://127.0.0.1:{port}/metrics?r={replica}\"\n\
@@ -196,7 +198,11 @@ mod tests {
         (h, routed[0].clone())
     }
 
-    fn answer(h: &mut Harness, id: &ReplicaId, q: Result<ScrapedQueue, String>) -> Vec<Action> {
+    fn answer(
+        h: &mut Harness,
+        id: &ReplicaId,
+        q: Result<ScrapedQueue, ScrapeError>,
+    ) -> Vec<Action> {
         h.send(Event::Scraped {
             replica: id.clone(),
             outcome: q,
@@ -336,13 +342,17 @@ mod tests {
         let mut logged = Vec::new();
         for _ in 0..5 {
             h.now = h.now + Duration::from_millis(250);
-            logged.extend(warns(&answer(&mut h, &r, Err("connection refused".into()))));
+            logged.extend(warns(&answer(&mut h, &r, Err(ScrapeError::Refused))));
         }
         assert_eq!(logged.len(), 1, "{logged:?}");
         assert!(logged[0].contains("connection refused"), "{logged:?}");
         assert_eq!(h.node.replicas[&r].signal.history.len(), samples);
         answer(&mut h, &r, Ok(ScrapedQueue::default()));
-        let again = warns(&answer(&mut h, &r, Err("timed out".into())));
+        let again = warns(&answer(
+            &mut h,
+            &r,
+            Err(ScrapeError::Timeout(Duration::from_secs(2))),
+        ));
         assert_eq!(again.len(), 1, "a new episode is logged again");
     }
 }

@@ -78,7 +78,7 @@ impl World {
                         completed: counter.map(|c| c / 2),
                     })
                 } else {
-                    Err("refused".into())
+                    Err(crate::core::ScrapeError::Refused)
                 };
                 self.send(Event::Scraped {
                     replica: r,
