@@ -145,14 +145,15 @@ fn a_record_that_says_routed_without_a_warm_up_passed_is_not_routed_before_one()
 fn a_replica_found_draining_goes_on_draining_and_is_never_stopped_with_work_in_flight() {
     let toml = two_models("server");
     let (mut old, _) = earlier_run(&toml);
-    old.request(
+    old.ask(
         Peer::trusted(),
         crate::protocol::Request::Drain {
             replica: Some("b-1".into()),
             model: None,
             force: true,
         },
-    );
+    )
+    .expect("the request is answered ok");
     assert_eq!(
         old.node.replicas[&ReplicaId("b-1".into())].state,
         ReplicaState::Draining

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::harness::{model, Harness, BASE};
+use super::harness::{error_code, model, Harness, BASE};
 use super::*;
-use crate::protocol::{Report, Request, Role};
+use crate::protocol::{ErrorCode, Report, Request, Response, Role};
 
 /// Model `m`: 2 routed, scraped every 250 ms, reports stale after 2 s.
 fn config() -> String {
@@ -83,42 +83,36 @@ fn while_a_front_door_reports_the_replicas_own_reports_are_answered_but_not_coun
     let (mut h, routed) = running();
     let r = &routed[0];
     let door = Some("hearth route 127.0.0.1:8080");
-    assert_eq!(h.request(own(&h, r), report(None, 7, None))["ok"], true);
+    assert!(h.ask(own(&h, r), report(None, 7, None)).is_ok());
     assert_eq!(last_in_flight(&h, r), Some(7), "no front door yet: counted");
-    assert_eq!(h.request(reporter(), report(Some(r), 2, door))["ok"], true);
+    assert!(h.ask(reporter(), report(Some(r), 2, door)).is_ok());
     assert_eq!(last_in_flight(&h, r), Some(2));
     // The replica says idle while the router has two requests there: not counted, and the
     // answer says which front door holds the signal.
     h.now = h.now + Duration::from_millis(100);
-    let a = h.request(own(&h, r), report(None, 0, None));
-    assert_eq!(a["ok"], true);
+    let a = h.ask(own(&h, r), report(None, 0, None));
     assert_eq!(
-        a["superseded_by"],
-        serde_json::json!(["hearth route 127.0.0.1:8080"]),
-        "{a}"
+        a,
+        Ok(Response::Superseded {
+            superseded_by: vec!["hearth route 127.0.0.1:8080".into()]
+        })
     );
     assert_eq!(last_in_flight(&h, r), Some(2));
     // Nor another reporter's, model-wide or per replica.
-    assert_eq!(h.request(reporter(), report(None, 50, None))["ok"], true);
-    assert_eq!(h.request(reporter(), report(Some(r), 0, None))["ok"], true);
+    assert!(h.ask(reporter(), report(None, 50, None)).is_ok());
+    assert!(h.ask(reporter(), report(Some(r), 0, None)).is_ok());
     assert_eq!(last_in_flight(&h, r), Some(2));
     assert!(h.node.models["m"].model_wide.last().is_none());
-    let status = h.request(Peer::trusted(), Request::Status { model: None });
+    let status = h.status();
     assert_eq!(
-        status["status"]["models"][0]["signal"]["router"], "hearth route 127.0.0.1:8080",
-        "{status}"
+        status.models[0].signal.router.as_deref(),
+        Some("hearth route 127.0.0.1:8080"),
     );
     // Silent for longer than stale_after: the replica's own reports count again.
     h.now = h.now + Duration::from_millis(2100);
-    assert_eq!(h.request(own(&h, r), report(None, 3, None))["ok"], true);
+    assert!(h.ask(own(&h, r), report(None, 3, None)).is_ok());
     assert_eq!(last_in_flight(&h, r), Some(3));
-    let status = h.request(Peer::trusted(), Request::Status { model: None });
-    assert!(
-        status["status"]["models"][0]["signal"]
-            .get("router")
-            .is_none(),
-        "{status}"
-    );
+    assert_eq!(h.status().models[0].signal.router, None);
 }
 
 #[test]
@@ -126,9 +120,10 @@ fn a_drain_ends_when_the_front_door_says_idle_not_when_the_replica_does() {
     let (mut h, routed) = running();
     let r = routed[0].clone();
     let door = Some("door");
-    h.request(reporter(), report(Some(&r), 1, door));
+    h.ask(reporter(), report(Some(&r), 1, door))
+        .expect("the request is answered ok");
     // Forced: at `min` with no warm pool, a plain drain would first start a replacement.
-    let out = h.request(
+    let out = h.ask(
         Peer::trusted(),
         Request::Drain {
             replica: Some(r.0.clone()),
@@ -136,20 +131,24 @@ fn a_drain_ends_when_the_front_door_says_idle_not_when_the_replica_does() {
             force: true,
         },
     );
-    assert_eq!(out["ok"], true);
+    assert!(out.is_ok(), "{out:?}");
     assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
     // The replica thinks it is idle (the request is still on its way): it keeps draining.
     h.now = h.now + Duration::from_millis(100);
-    h.request(own(&h, &r), report(None, 0, None));
+    h.ask(own(&h, &r), report(None, 0, None))
+        .expect("the request is answered ok");
     assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
     // The front door keeps the model's signal alive and still counts the request.
     h.now = h.now + Duration::from_millis(100);
-    h.request(reporter(), report(None, 1, door));
-    h.request(reporter(), report(Some(&r), 1, door));
+    h.ask(reporter(), report(None, 1, door))
+        .expect("the request is answered ok");
+    h.ask(reporter(), report(Some(&r), 1, door))
+        .expect("the request is answered ok");
     assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
     // The answer came back through the front door: the drain ends at once.
     h.now = h.now + Duration::from_millis(100);
-    h.request(reporter(), report(Some(&r), 0, door));
+    h.ask(reporter(), report(Some(&r), 0, door))
+        .expect("the request is answered ok");
     assert_ne!(h.node.replicas[&r].state, ReplicaState::Draining);
 }
 
@@ -168,11 +167,13 @@ fn scrapes_stop_while_a_front_door_reports_and_resume_after() {
         assert_eq!(last_in_flight(&h, r), Some(4));
     }
     let door = Some("door");
-    h.request(reporter(), report(None, 0, door));
+    h.ask(reporter(), report(None, 0, door))
+        .expect("the request is answered ok");
     // A scrape asked for before is not counted; none is asked for while the door reports.
     let mut asked = 0;
     for _ in 0..8 {
-        h.request(reporter(), report(None, 0, door));
+        h.ask(reporter(), report(None, 0, door))
+            .expect("the request is answered ok");
         asked += scrapes(&h.advance(Duration::from_millis(250)));
     }
     assert_eq!(asked, 0);
@@ -195,7 +196,8 @@ fn a_scrape_in_flight_when_the_door_begins_is_not_counted() {
     let (mut h, routed) = running();
     assert_eq!(scrapes(&h.advance(Duration::from_millis(250))), 2);
     let r = &routed[0];
-    h.request(reporter(), report(Some(r), 1, Some("door")));
+    h.ask(reporter(), report(Some(r), 1, Some("door")))
+        .expect("the request is answered ok");
     h.send(Event::Scraped {
         replica: r.clone(),
         outcome: Ok(ScrapedQueue {
@@ -210,11 +212,15 @@ fn a_scrape_in_flight_when_the_door_begins_is_not_counted() {
 fn only_reporters_may_speak_as_a_front_door_and_names_are_bounded() {
     let (mut h, routed) = running();
     let r = &routed[0];
-    let a = h.request(own(&h, r), report(None, 0, Some("door")));
-    assert_eq!(a["error"], "forbidden", "{a}");
+    let a = h.ask(own(&h, r), report(None, 0, Some("door")));
+    assert_eq!(error_code(&a), Some(ErrorCode::Forbidden), "{a:?}");
     for bad in [String::new(), "x".repeat(129), "a\nb".into()] {
-        let a = h.request(reporter(), report(None, 0, Some(&bad)));
-        assert_eq!(a["error"], "bad_request", "{bad:?}: {a}");
+        let a = h.ask(reporter(), report(None, 0, Some(&bad)));
+        assert_eq!(
+            error_code(&a),
+            Some(ErrorCode::BadRequest),
+            "{bad:?}: {a:?}"
+        );
     }
     assert!(h.node.models["m"].front_doors.is_empty(), "nothing changed");
 }
@@ -223,13 +229,15 @@ fn only_reporters_may_speak_as_a_front_door_and_names_are_bounded() {
 fn protocol_1_reporters_without_router_work_as_before() {
     let (mut h, routed) = running();
     let r = &routed[0];
-    h.request(reporter(), report(Some(r), 5, None));
+    h.ask(reporter(), report(Some(r), 5, None))
+        .expect("the request is answered ok");
     assert_eq!(last_in_flight(&h, r), Some(5));
-    h.request(reporter(), report(None, 6, None));
+    h.ask(reporter(), report(None, 6, None))
+        .expect("the request is answered ok");
     assert_eq!(h.node.models["m"].model_wide.last().unwrap().in_flight, 6);
     let line = r#"{"op":"report","model":"m","oldest_wait_ms":1,"queue_depth":1}"#;
     let req = crate::protocol::parse_request(line).unwrap();
-    assert_eq!(h.request(reporter(), req)["ok"], true);
+    assert!(h.ask(reporter(), req).is_ok());
 }
 
 /// A front door's report with counters: model-wide (depth, wait) or for a replica (in flight).
@@ -272,11 +280,11 @@ fn two_front_doors_combine_max_wait_and_summed_depth_and_keep_their_rates() {
         } else {
             ("door-b", 100.0, 3)
         };
-        let a = h.request(
+        let a = h.ask(
             reporter(),
             door_report(door, None, wait, depth, depth, i / 2),
         );
-        assert_eq!(a["ok"], true, "{a}");
+        assert!(a.is_ok(), "{a:?}");
     }
     let s = h.node.model_signal("m", h.now).unwrap();
     assert_eq!(
@@ -285,14 +293,9 @@ fn two_front_doors_combine_max_wait_and_summed_depth_and_keep_their_rates() {
     );
     let rate = s.arrival_rate.expect("rates survive a second front door");
     assert!((rate - 20.0).abs() < 1.0, "{rate}/s: both doors' 10/s");
-    let status = h.request(Peer::trusted(), Request::Status { model: None });
-    let signal = &status["status"]["models"][0]["signal"];
-    assert_eq!(
-        signal["routers"],
-        serde_json::json!(["door-a", "door-b"]),
-        "{status}"
-    );
-    assert_eq!(signal["router"], "door-a");
+    let signal = h.status().models[0].signal.clone();
+    assert_eq!(signal.routers, ["door-a", "door-b"]);
+    assert_eq!(signal.router.as_deref(), Some("door-a"));
     assert!(front_door_lines(&h) <= 2, "{} lines", front_door_lines(&h));
 }
 
@@ -303,7 +306,8 @@ fn a_reporter_alternating_router_names_costs_a_line_per_ten_seconds() {
     for i in 0..20_000u64 {
         h.now = h.now + Duration::from_millis(1);
         let door = if i % 2 == 0 { "x" } else { "y" };
-        h.request(reporter(), door_report(door, None, 0.0, 0, 0, i));
+        h.ask(reporter(), door_report(door, None, 0.0, 0, 0, i))
+            .expect("the request is answered ok");
         if i % 250 == 0 {
             h.send(Event::Tick);
         }
@@ -321,18 +325,24 @@ fn a_front_door_that_restarts_leaves_no_gap_and_the_other_door_counts_on() {
         // door-a restarts at 3 s: silent for a second, then its counters start from zero.
         let a_arrived = if i < 30 { 1000 + i } else { i - 40 };
         if !(30..40).contains(&i) {
-            h.request(
+            h.ask(
                 reporter(),
                 door_report("door-a", None, 50.0, 1, 1, a_arrived),
-            );
+            )
+            .expect("the request is answered ok");
         }
-        h.request(reporter(), door_report("door-b", None, 20.0, 1, 1, i));
+        h.ask(reporter(), door_report("door-b", None, 20.0, 1, 1, i))
+            .expect("the request is answered ok");
         // Every moment has a fresh combined signal, and nobody else's reports count.
         if h.node.model_signal("m", h.now).is_some() {
             seen_signal += 1;
         }
+        let own = own_of_first(&h);
         assert!(
-            h.request(own_of_first(&h), report(None, 9, None))["superseded_by"].is_array(),
+            matches!(
+                h.ask(own, report(None, 9, None)),
+                Ok(Response::Superseded { .. })
+            ),
             "the front doors hold the signal throughout"
         );
     }
@@ -357,9 +367,11 @@ fn own_of_first(h: &Harness) -> Peer {
 fn a_drain_ends_when_every_front_door_has_its_requests_back() {
     let (mut h, routed) = running();
     let r = routed[0].clone();
-    h.request(reporter(), door_report("door-a", Some(&r), 0.0, 0, 1, 1));
-    h.request(reporter(), door_report("door-b", Some(&r), 0.0, 0, 1, 1));
-    let out = h.request(
+    h.ask(reporter(), door_report("door-a", Some(&r), 0.0, 0, 1, 1))
+        .expect("the request is answered ok");
+    h.ask(reporter(), door_report("door-b", Some(&r), 0.0, 0, 1, 1))
+        .expect("the request is answered ok");
+    let out = h.ask(
         Peer::trusted(),
         Request::Drain {
             replica: Some(r.0.clone()),
@@ -367,16 +379,18 @@ fn a_drain_ends_when_every_front_door_has_its_requests_back() {
             force: true,
         },
     );
-    assert_eq!(out["ok"], true);
+    assert!(out.is_ok(), "{out:?}");
     h.now = h.now + Duration::from_millis(100);
-    h.request(reporter(), door_report("door-a", Some(&r), 0.0, 0, 0, 1));
+    h.ask(reporter(), door_report("door-a", Some(&r), 0.0, 0, 0, 1))
+        .expect("the request is answered ok");
     assert_eq!(
         h.node.replicas[&r].state,
         ReplicaState::Draining,
         "door-b still has a request there"
     );
     h.now = h.now + Duration::from_millis(100);
-    h.request(reporter(), door_report("door-b", Some(&r), 0.0, 0, 0, 1));
+    h.ask(reporter(), door_report("door-b", Some(&r), 0.0, 0, 0, 1))
+        .expect("the request is answered ok");
     assert_ne!(h.node.replicas[&r].state, ReplicaState::Draining);
 }
 
@@ -384,21 +398,21 @@ fn a_drain_ends_when_every_front_door_has_its_requests_back() {
 fn front_doors_are_bounded_per_model() {
     let (mut h, _) = running();
     for i in 0..crate::core::front_doors::MAX_FRONT_DOORS {
-        let a = h.request(
+        let a = h.ask(
             reporter(),
             door_report(&format!("d{i}"), None, 0.0, 0, 0, 0),
         );
-        assert_eq!(a["ok"], true, "{a}");
+        assert!(a.is_ok(), "{a:?}");
     }
-    let a = h.request(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
-    assert_eq!(a["error"], "busy", "{a}");
+    let a = h.ask(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
+    assert_eq!(error_code(&a), Some(ErrorCode::Busy), "{a:?}");
     assert_eq!(
         h.node.front_doors("m", h.now).len(),
         crate::core::front_doors::MAX_FRONT_DOORS
     );
     // After stale_after of silence from the others, a new one is taken.
     h.now = h.now + Duration::from_secs(3);
-    let a = h.request(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
-    assert_eq!(a["ok"], true, "{a}");
+    let a = h.ask(reporter(), door_report("one-more", None, 0.0, 0, 0, 0));
+    assert!(a.is_ok(), "{a:?}");
     assert_eq!(h.node.front_doors("m", h.now), ["one-more"]);
 }

@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::harness::{model, routed_sets, spawns, Harness, BASE};
+use super::harness::{error_code, model, routed_sets, spawns, Harness, BASE};
 use super::*;
 use crate::config::Config;
-use crate::protocol::{Report, Request, WarmPoolSetting, WatchEvent, WatchedState};
+use crate::protocol::{
+    Answer, ErrorCode, Report, Request, WarmPoolSetting, WatchEvent, WatchedState,
+};
 
-fn scale(h: &mut Harness, m: &str, min: Option<u32>, max: Option<u32>) -> serde_json::Value {
-    h.request(
+fn scale(h: &mut Harness, m: &str, min: Option<u32>, max: Option<u32>) -> Answer {
+    h.ask(
         Peer::trusted(),
         Request::Scale {
             model: m.into(),
@@ -24,8 +26,8 @@ fn scale(h: &mut Harness, m: &str, min: Option<u32>, max: Option<u32>) -> serde_
     )
 }
 
-fn drain(h: &mut Harness, r: &ReplicaId, force: bool) -> serde_json::Value {
-    h.request(
+fn drain(h: &mut Harness, r: &ReplicaId, force: bool) -> Answer {
+    h.ask(
         Peer::trusted(),
         Request::Drain {
             replica: Some(r.0.clone()),
@@ -63,24 +65,24 @@ fn scale_past_what_the_ports_hold_is_refused_and_creates_nothing() {
     let first = h.log.clone();
     h.settle(first);
     let a = scale(&mut h, "a", None, Some(u32::MAX));
-    assert_eq!(a["error"], "bad_request", "{a}");
-    let msg = a["message"].as_str().unwrap();
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
+    let msg = &a.as_ref().unwrap_err().message;
     assert!(msg.contains("daemon.ports has 100"), "{msg}");
     assert!(msg.contains("at most 99 for this model"), "{msg}");
     let a = scale(&mut h, "a", Some(100_000), None);
-    assert_eq!(a["error"], "bad_request", "{a}");
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
     let a = scale(&mut h, "a", Some(u32::MAX), None);
-    assert_eq!(a["error"], "bad_request", "{a}");
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
     let a = scale(&mut h, "a", Some(u32::MAX), Some(u32::MAX));
-    assert_eq!(a["error"], "bad_request", "{a}");
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
     assert!(replicas_of(&h, "a") <= 8, "{}", replicas_of(&h, "a"));
     assert!(h.node.models["a"].overrides.is_empty());
     // What fits is taken: 99 + b's 1 = 100 ports.
     let a = scale(&mut h, "a", Some(3), Some(99));
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     assert_eq!(h.node.models["a"].max(), 99);
     let a = scale(&mut h, "a", None, Some(100));
-    assert_eq!(a["error"], "bad_request", "{a}");
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
 }
 
 #[test]
@@ -88,7 +90,7 @@ fn scale_reset_clears_the_overrides_and_saves_that() {
     let mut h = Harness::new(&two_models());
     let first = h.log.clone();
     h.settle(first);
-    let a = h.request(
+    let a = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "a".into(),
@@ -98,10 +100,10 @@ fn scale_reset_clears_the_overrides_and_saves_that() {
             reset: false,
         },
     );
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     assert_eq!(h.node.models["a"].min(), 2);
     let before = h.log.len();
-    let a = h.request(
+    let a = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "a".into(),
@@ -111,14 +113,14 @@ fn scale_reset_clears_the_overrides_and_saves_that() {
             reset: true,
         },
     );
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     let m = &h.node.models["a"];
     assert!(m.overrides.is_empty(), "{:?}", m.overrides);
     assert_eq!((m.min(), m.max()), (1, 8), "the file's values again");
     let saved = persisted(&h.log[before..]).expect("the cleared overrides are saved");
     assert!(saved.is_empty(), "{saved:?}");
     // Reset with a value: cleared, then set anew.
-    let a = h.request(
+    let a = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "a".into(),
@@ -128,7 +130,7 @@ fn scale_reset_clears_the_overrides_and_saves_that() {
             reset: true,
         },
     );
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     let o = &h.node.models["a"].overrides;
     assert_eq!((o.min, o.max, o.warm_pool), (None, Some(4), None));
 }
@@ -213,7 +215,7 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
     let mut h = Harness::new(&two_models());
     let first = h.log.clone();
     h.settle(first);
-    assert_eq!(scale(&mut h, "a", None, Some(60))["ok"], true);
+    assert!(scale(&mut h, "a", None, Some(60)).is_ok());
     let narrow = two_models().replace("30000-30099", "30000-30039");
     let out = h.reload(&narrow);
     let refused = out
@@ -231,7 +233,7 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
         30099,
         "the running file stays"
     );
-    let a = h.request(
+    let a = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "a".into(),
@@ -241,7 +243,7 @@ fn a_reload_the_overrides_do_not_fit_is_refused_and_fits_once_they_are_cleared()
             reset: true,
         },
     );
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     let out = h.reload(&narrow);
     assert!(
         out.iter().any(|a| matches!(
@@ -284,7 +286,7 @@ fn drain_at_min_promotes_a_warm_replica_first() {
     let r = routed(&h)[0].clone();
     let warm = h.in_state("m", ReplicaState::Warm)[0].clone();
     let before = h.log.len();
-    assert_eq!(drain(&mut h, &r, false)["ok"], true);
+    assert!(drain(&mut h, &r, false).is_ok());
     // In the same event: the warm one routed, then the drained one unrouted; never empty.
     let sets = routed_sets(&h.log[before..]);
     assert!(!sets.is_empty());
@@ -301,7 +303,7 @@ fn drain_at_min_without_a_warm_replica_starts_one_and_drains_once_it_is_routed()
     let r = routed(&h)[0].clone();
     let before = h.log.len();
     let a = drain(&mut h, &r, false);
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     let asked = h.log[before..].to_vec();
     assert_eq!(spawns(&asked), 1, "a replacement is started");
     assert_eq!(
@@ -331,8 +333,8 @@ fn drain_at_min_with_no_room_for_a_replacement_is_refused_unless_forced() {
     assert_eq!(routed(&h).len(), 2);
     let r = routed(&h)[0].clone();
     let a = drain(&mut h, &r, false);
-    assert_eq!(a["error"], "bad_request", "{a}");
-    let msg = a["message"].as_str().unwrap();
+    assert_eq!(error_code(&a), Some(ErrorCode::BadRequest), "{a:?}");
+    let msg = &a.as_ref().unwrap_err().message;
     assert!(
         msg.contains("below min 2") && msg.contains("--force"),
         "{msg}"
@@ -344,7 +346,7 @@ fn drain_at_min_with_no_room_for_a_replacement_is_refused_unless_forced() {
     );
     assert!(!h.node.replicas[&r].drain_asked);
     let a = drain(&mut h, &r, true);
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
     assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
 }
 
@@ -353,15 +355,15 @@ fn drain_above_min_drains_at_once() {
     let mut h = Harness::new(&format!("{BASE}{}", model("m", "", "min = 1\nmax = 4")));
     let first = h.log.clone();
     h.settle(first);
-    assert_eq!(scale(&mut h, "m", Some(2), None)["ok"], true);
+    assert!(scale(&mut h, "m", Some(2), None).is_ok());
     let out = h.log.clone();
     h.settle(out);
     assert_eq!(routed(&h).len(), 2);
     // Back to min 1: the two routed stay (desired is clamped, not reset).
-    assert_eq!(scale(&mut h, "m", Some(1), None)["ok"], true);
+    assert!(scale(&mut h, "m", Some(1), None).is_ok());
     assert_eq!(routed(&h).len(), 2);
     let r = routed(&h)[0].clone();
-    assert_eq!(drain(&mut h, &r, false)["ok"], true);
+    assert!(drain(&mut h, &r, false).is_ok());
     assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
 }
 
@@ -391,9 +393,13 @@ fn reports_with_absurd_numbers_are_refused_and_change_nothing() {
     ];
     for (field, req) in cases {
         let before = h.log.len();
-        let a = h.request(Peer::trusted(), req);
-        assert_eq!(a["error"], "bad_request", "{field}: {a}");
-        assert!(a["message"].as_str().unwrap().contains(field), "{a}");
+        let a = h.ask(Peer::trusted(), req);
+        assert_eq!(
+            error_code(&a),
+            Some(ErrorCode::BadRequest),
+            "{field}: {a:?}"
+        );
+        assert!(a.unwrap_err().message.contains(field), "{field}");
         assert!(
             h.log[before..].iter().all(|a| !matches!(
                 a,
@@ -404,7 +410,7 @@ fn reports_with_absurd_numbers_are_refused_and_change_nothing() {
     }
     assert!(h.node.models["m"].model_wide.last().is_none());
     // At the bounds: taken.
-    let a = h.request(
+    let a = h.ask(
         Peer::trusted(),
         rep(&|r| {
             r.oldest_wait_ms = Some(crate::protocol::MAX_WAIT_MS);
@@ -412,7 +418,7 @@ fn reports_with_absurd_numbers_are_refused_and_change_nothing() {
             r.arrived = Some(crate::protocol::MAX_COUNTER);
         }),
     );
-    assert_eq!(a["ok"], true, "{a}");
+    assert!(a.is_ok(), "{a:?}");
 }
 
 #[test]
@@ -445,6 +451,7 @@ fn scraped_numbers_are_clamped_to_the_report_bounds() {
 
 #[test]
 fn answers_quote_little_of_what_they_were_sent() {
+    // What the socket writes is what is measured, so these are read as JSON.
     let mut h = Harness::new(&format!("{BASE}{}", model("m", "", "min = 1\nmax = 4")));
     let long = "x".repeat(60_000);
     let answers = [
@@ -489,7 +496,7 @@ fn a_thousand(gpus: &str) -> String {
 /// never warming, until the model has `n` replicas; the ticks it took.
 fn grow_to(h: &mut Harness, n: u32) -> usize {
     let mark = h.log.len();
-    assert_eq!(scale(h, "a", Some(n), Some(n))["ok"], true);
+    assert!(scale(h, "a", Some(n), Some(n)).is_ok());
     let mut out = h.log.split_off(mark);
     for ticks in 0..200 {
         // Each `Spawned` may ask for more.
@@ -511,7 +518,7 @@ fn grow_to(h: &mut Harness, n: u32) -> usize {
 fn shrink_to(h: &mut Harness, to: u32) -> usize {
     let batch = super::reconcile::STOPS_PER_EVENT as usize;
     let mark = h.log.len();
-    assert_eq!(scale(h, "a", Some(to), Some(to))["ok"], true);
+    assert!(scale(h, "a", Some(to), Some(to)).is_ok());
     // Each event's actions, in turn; a stopped process exits at once (an event of its own),
     // a pending replica is gone with the event that stopped it.
     let mut events = vec![h.log.split_off(mark)];

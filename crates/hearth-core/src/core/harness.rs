@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::config::Config;
-use crate::protocol::{Report, Request, WatchEvent};
+use crate::protocol::{Answer, Report, Request, Response, StatusView, WatchEvent};
 
 /// A reload's read refused as the shell's checks say it: `FILE[:LINE]: KEY: message`.
 pub fn refused(file: &str, line: Option<usize>, key: &str, message: &str) -> ConfigReadError {
@@ -159,6 +159,34 @@ impl Harness {
         all
     }
 
+    /// The answer to `request` from `peer`, as a client reads it: written as the socket writes
+    /// it, then decoded by the op that was sent (`protocol::decode_answer`).
+    pub fn ask(&mut self, peer: Peer, request: Request) -> Answer {
+        let id = self.next_req;
+        self.next_req += 1;
+        let op = request.op();
+        let out = self.send(Event::Request { id, peer, request });
+        let line = out
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Reply { id: i, answer } if i == id => {
+                    Some(crate::protocol::encode_answer(&answer))
+                }
+                _ => None,
+            })
+            .expect("every request is answered");
+        crate::protocol::decode_answer(&line, op).expect("the answer decodes as its op's")
+    }
+
+    /// `status` of every model, as an operator's client reads it.
+    pub fn status(&mut self) -> StatusView {
+        match self.ask(Peer::trusted(), Request::Status { model: None }) {
+            Ok(Response::Status { status }) => status,
+            other => panic!("status answered {other:?}"),
+        }
+    }
+
+    /// The answer to `request` as JSON, for the tests that read a field by its wire name.
     pub fn request(&mut self, peer: Peer, request: Request) -> Value {
         let id = self.next_req;
         self.next_req += 1;
@@ -289,6 +317,11 @@ impl Harness {
             .and_then(|r| r.pid)
             .expect("has a pid")
     }
+}
+
+/// What a request was refused with; None when it was answered ok.
+pub fn error_code(answer: &Answer) -> Option<crate::protocol::ErrorCode> {
+    answer.as_ref().err().map(|f| f.code)
 }
 
 pub fn spawns(actions: &[Action]) -> usize {

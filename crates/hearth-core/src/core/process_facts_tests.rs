@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::harness::{model, Harness, BASE};
+use super::harness::{error_code, model, Harness, BASE};
 use super::*;
-use crate::protocol::{Report, Request, Role};
+use crate::protocol::{ErrorCode, Report, Request, Role};
 
 fn one_model(min: u32) -> Harness {
     let toml = format!(
@@ -141,16 +141,16 @@ fn a_process_in_a_replicas_cgroup_reports_for_that_replica_only() {
             ..Default::default()
         })
     };
-    assert_eq!(h.request(worker.clone(), rep(None))["ok"], true);
-    assert_eq!(h.request(worker.clone(), rep(Some(&ids[0].0)))["ok"], true);
+    assert!(h.ask(worker.clone(), rep(None)).is_ok());
+    assert!(h.ask(worker.clone(), rep(Some(&ids[0].0))).is_ok());
     assert_eq!(
-        h.request(worker.clone(), rep(Some(&ids[1].0)))["error"],
-        "forbidden",
+        error_code(&h.ask(worker.clone(), rep(Some(&ids[1].0)))),
+        Some(ErrorCode::Forbidden),
         "never for another replica"
     );
     assert_eq!(
-        h.request(worker.clone(), Request::Status { model: None })["error"],
-        "forbidden",
+        error_code(&h.ask(worker.clone(), Request::Status { model: None })),
+        Some(ErrorCode::Forbidden),
         "and nothing else"
     );
     // The cgroup decides over the process group: a peer in another replica's group but in
@@ -161,12 +161,15 @@ fn a_process_in_a_replicas_cgroup_reports_for_that_replica_only() {
         ..worker.clone()
     };
     assert_eq!(
-        h.request(confused, rep(Some(&ids[1].0)))["error"],
-        "forbidden"
+        error_code(&h.ask(confused, rep(Some(&ids[1].0)))),
+        Some(ErrorCode::Forbidden)
     );
     // A replica that has gone no longer vouches for anyone.
     h.exit(&ids[0], crate::core::ExitStatus::Code(0));
-    assert_eq!(h.request(worker, rep(None))["error"], "forbidden");
+    assert_eq!(
+        error_code(&h.ask(worker, rep(None))),
+        Some(ErrorCode::Forbidden)
+    );
 }
 
 #[test]

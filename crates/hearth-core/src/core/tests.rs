@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use super::harness::{model, routed_sets, signals, spawns, Harness, BASE};
+use super::harness::{error_code, model, routed_sets, signals, spawns, Harness, BASE};
 use super::*;
 use crate::protocol::Health;
-use crate::protocol::{Report, Request, Role};
+use crate::protocol::{ErrorCode, Report, Request, Role};
 
 fn static_pool(min: u32, pool: u32) -> String {
     format!(
@@ -284,7 +284,7 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
     let first = h.log.clone();
     h.settle(first);
     let r = h.in_state("m", ReplicaState::Routed)[0].clone();
-    let out = h.request(
+    let out = h.ask(
         Peer::trusted(),
         Request::Drain {
             replica: Some(r.0.clone()),
@@ -293,7 +293,7 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
             force: true,
         },
     );
-    assert_eq!(out["ok"], true);
+    assert!(out.is_ok(), "{out:?}");
     let drained_sets = routed_sets(&h.log);
     assert!(
         !drained_sets.last().unwrap().contains(&r.0),
@@ -335,14 +335,15 @@ fn drain_gives_up_after_drain_timeout_and_stop_escalates_to_sigkill() {
     let first = h.log.clone();
     h.settle(first);
     let r = h.in_state("m", ReplicaState::Routed)[0].clone();
-    h.request(
+    h.ask(
         Peer::trusted(),
         Request::Drain {
             replica: Some(r.0.clone()),
             model: None,
             force: true,
         },
-    );
+    )
+    .expect("the request is answered ok");
     h.report("m", Some(&r.0), 0.0, 0, 2);
     let out = h.run_for(Duration::from_millis(2500));
     assert!(signals(&out, StopSignal::Term).is_empty());
@@ -457,14 +458,15 @@ fn no_two_live_replicas_share_a_port() {
     for _ in 0..5 {
         let r = h.in_state("m", ReplicaState::Routed)[0].clone();
         let before = h.log.len();
-        h.request(
+        h.ask(
             Peer::trusted(),
             Request::Drain {
                 replica: Some(r.0.clone()),
                 model: None,
                 force: true,
             },
-        );
+        )
+        .expect("the request is answered ok");
         h.report("m", Some(&r.0), 0.0, 0, 0);
         // The replacement starts while the old process is still stopping.
         let out = h.log[before..].to_vec();
@@ -502,8 +504,8 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         })
     };
     assert_eq!(
-        h.request(stranger.clone(), rep(Some(&r.0)))["error"],
-        "forbidden"
+        error_code(&h.ask(stranger.clone(), rep(Some(&r.0)))),
+        Some(ErrorCode::Forbidden)
     );
     let own = Peer {
         uid: 1234,
@@ -512,14 +514,12 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         replica: None,
         role: Role::None,
     };
-    assert_eq!(
-        h.request(own.clone(), rep(Some(&r.0)))["ok"],
-        true,
+    assert!(
+        h.ask(own.clone(), rep(Some(&r.0))).is_ok(),
         "a replica reports for itself"
     );
-    assert_eq!(
-        h.request(own.clone(), rep(None))["ok"],
-        true,
+    assert!(
+        h.ask(own.clone(), rep(None)).is_ok(),
         "naming no replica means itself"
     );
     assert_eq!(
@@ -533,22 +533,22 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         replica: None,
         role: Role::Reader,
     };
-    assert_eq!(h.request(reader.clone(), rep(None))["error"], "forbidden");
     assert_eq!(
-        h.request(
+        error_code(&h.ask(reader.clone(), rep(None))),
+        Some(ErrorCode::Forbidden)
+    );
+    assert_eq!(
+        error_code(&h.ask(
             reader.clone(),
             Request::Drain {
                 replica: Some(r.0.clone()),
                 model: None,
                 force: false,
             }
-        )["error"],
-        "forbidden"
+        )),
+        Some(ErrorCode::Forbidden)
     );
-    assert_eq!(
-        h.request(reader, Request::Status { model: None })["ok"],
-        true
-    );
+    assert!(h.ask(reader, Request::Status { model: None }).is_ok());
     let reporter = Peer {
         uid: 1234,
         pid: None,
@@ -556,9 +556,8 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         replica: None,
         role: Role::Reporter,
     };
-    assert_eq!(
-        h.request(reporter.clone(), rep(None))["ok"],
-        true,
+    assert!(
+        h.ask(reporter.clone(), rep(None)).is_ok(),
         "model-wide report"
     );
     let unknown = Request::Report(Report {
@@ -566,12 +565,12 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         ..Default::default()
     });
     assert_eq!(
-        h.request(reporter.clone(), unknown)["error"],
-        "unknown_model"
+        error_code(&h.ask(reporter.clone(), unknown)),
+        Some(ErrorCode::UnknownModel)
     );
     assert_eq!(
-        h.request(reporter, rep(Some("m-99")))["error"],
-        "unknown_replica"
+        error_code(&h.ask(reporter, rep(Some("m-99")))),
+        Some(ErrorCode::UnknownReplica)
     );
 }
 
