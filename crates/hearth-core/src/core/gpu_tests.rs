@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-use super::harness::{gpu_model, on_device, routed_sets, signals, spawns, Harness, BASE};
+use super::harness::{
+    error_code, gpu_model, on_device, routed_sets, signals, spawns, Harness, BASE,
+};
 use super::*;
 use crate::protocol::Health;
-use crate::protocol::Request;
+use crate::protocol::{ErrorCode, Request};
 
 pub(crate) fn xid(uuid: &str, xid: u64, recovery: Option<RecoveryAction>) -> Event {
     Event::GpuXid {
@@ -94,7 +96,7 @@ fn a_recovery_action_that_needs_a_reset_evacuates_the_same_way() {
 fn cordon_with_evacuate_moves_replicas_the_same_way() {
     evacuation_keeps_min_routed(|h| {
         let before = h.log.len();
-        let r = h.request(
+        let r = h.ask(
             Peer::trusted(),
             Request::Cordon {
                 gpu: "0".into(),
@@ -102,7 +104,7 @@ fn cordon_with_evacuate_moves_replicas_the_same_way() {
                 evacuate: true,
             },
         );
-        assert_eq!(r["ok"], true);
+        assert!(r.is_ok(), "{r:?}");
         h.log[before..].to_vec()
     });
 }
@@ -128,7 +130,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
         assert_eq!(spawns(&out), 0, "XID {x}");
         assert!(h.node.gpus.slots[0].healthy, "XID {x}");
     }
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Cordon {
             gpu: "GPU-a".into(),
@@ -136,13 +138,13 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             evacuate: false,
         },
     );
-    assert_eq!(r["ok"], true);
+    assert!(r.is_ok(), "{r:?}");
     assert_eq!(
         on_device(&h, "GPU-a").len(),
         2,
         "cordon alone keeps what runs"
     );
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Cordon {
             gpu: "GPU-z".into(),
@@ -150,9 +152,9 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             evacuate: false,
         },
     );
-    assert_eq!(r["error"], "unknown_gpu");
+    assert_eq!(error_code(&r), Some(ErrorCode::UnknownGpu));
     // New replicas avoid it.
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -162,7 +164,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
             reset: false,
         },
     );
-    assert_eq!(r["ok"], true);
+    assert!(r.is_ok(), "{r:?}");
     assert_eq!(
         h.in_state("m", ReplicaState::Starting)
             .iter()
@@ -181,13 +183,13 @@ fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
     h.send(xid("GPU-b", 48, None));
     h.run_for(Duration::from_secs(600));
     assert!(!h.node.gpus.slots[1].healthy);
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Uncordon {
             gpu: "GPU-b".into(),
         },
     );
-    assert_eq!(r["ok"], true);
+    assert!(r.is_ok(), "{r:?}");
     assert!(h.node.gpus.slots[1].healthy && !h.node.gpus.slots[1].evacuate);
 }
 
@@ -261,7 +263,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
     let first = h.log.clone();
     h.settle(first);
-    h.request(
+    h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "low".into(),
@@ -270,7 +272,8 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
             warm_pool: None,
             reset: false,
         },
-    );
+    )
+    .expect("the request is answered ok");
     // Push low to 2 routed (above its min of 1).
     h.node.models.get_mut("low").unwrap().desired_routed = 2;
     let out = h.send(Event::Tick);
@@ -346,7 +349,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     );
     assert_eq!(h.node.gpus.slots[0].memory_foreign, 40 * GIB);
     // 80 − 40 foreign − 30 reserved = 10 GiB: a second 30 GiB replica does not fit.
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -356,7 +359,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
             reset: false,
         },
     );
-    assert_eq!(r["ok"], true);
+    assert!(r.is_ok(), "{r:?}");
     let st = h.node.status(Some("m"), h.now);
     assert_eq!(st.models[0].health, Health::NoCapacity);
     // The other process leaves: the room is there again.
@@ -493,7 +496,7 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
         &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
     ));
     let before = h.log.len();
-    let r = h.request(
+    let r = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -503,7 +506,7 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
             reset: false,
         },
     );
-    assert_eq!(r["ok"], true);
+    assert!(r.is_ok(), "{r:?}");
     h.send(Event::Tick);
     let after = h.log.get(before..).unwrap_or_default().to_vec();
     assert_eq!(spawns(&after), 1, "the second replica fits: {after:?}");

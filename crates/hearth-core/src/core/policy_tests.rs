@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use super::harness::{model, routed_sets, spawns, Harness, BASE};
+use super::harness::{error_code, model, routed_sets, spawns, Harness, BASE};
 use super::*;
-use crate::protocol::{Report, Request, WatchEvent};
+use crate::protocol::{ErrorCode, Report, Request, WatchEvent};
 
 fn scaled(scaling: &str) -> Harness {
     let toml = format!("{BASE}{}", model("m", "", scaling));
@@ -66,8 +66,8 @@ fn wide(
         completed: Some(completed),
         router: None,
     };
-    let resp = h.request(Peer::trusted(), Request::Report(r));
-    assert_eq!(resp["ok"], true, "{resp}");
+    let resp = h.ask(Peer::trusted(), Request::Report(r));
+    assert!(resp.is_ok(), "{resp:?}");
     h.log[before..].to_vec()
 }
 
@@ -196,7 +196,8 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
                 completed: Some(1000 * i as u64 + 4 * s),
                 router: None,
             };
-            h.request(Peer::trusted(), Request::Report(r));
+            h.ask(Peer::trusted(), Request::Report(r))
+                .expect("the request is answered ok");
         }
         h.now = h.now + Duration::from_secs(1);
     }
@@ -220,7 +221,8 @@ fn littles_law_sets_a_floor_from_arrival_rate_and_backlog() {
             completed: Some(1000 * i as u64 + 4 * 4),
             router: None,
         };
-        h.request(Peer::trusted(), Request::Report(r));
+        h.ask(Peer::trusted(), Request::Report(r))
+            .expect("the request is answered ok");
     }
     let ev = scale_events(&h.log[before..]);
     assert_eq!(ev, vec![(2, 17)], "{ev:?}");
@@ -367,7 +369,7 @@ fn a_model_at_zero_with_a_pool_promotes_at_once() {
 #[test]
 fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
     let mut h = scaled(DEFAULT);
-    let resp = h.request(
+    let resp = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -377,7 +379,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             reset: false,
         },
     );
-    assert_eq!(resp["ok"], true);
+    assert!(resp.is_ok(), "{resp:?}");
     assert_eq!(desired(&h), 3);
     let persisted = h.log.iter().rev().find_map(|a| match a {
         Action::PersistOverrides(v) => Some(v.clone()),
@@ -392,7 +394,7 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
     );
     let st = h.node.status(Some("m"), h.now);
     assert_eq!((st.models[0].min, st.models[0].desired_warm), (3, 2));
-    let bad = h.request(
+    let bad = h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -402,7 +404,11 @@ fn the_scale_op_overrides_min_max_and_pool_and_persists_them() {
             reset: false,
         },
     );
-    assert_eq!(bad["error"], "bad_request", "min above max is refused");
+    assert_eq!(
+        error_code(&bad),
+        Some(ErrorCode::BadRequest),
+        "min above max is refused"
+    );
     assert_eq!(desired(&h), 3, "and changes nothing");
 }
 
@@ -434,7 +440,8 @@ fn saturated(
                 completed: Some(c.1),
                 router: None,
             };
-            h.request(Peer::trusted(), Request::Report(r));
+            h.ask(Peer::trusted(), Request::Report(r))
+                .expect("the request is answered ok");
         }
         h.advance(Duration::from_secs(1));
     }
@@ -486,7 +493,7 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
     saturated(&mut h, 25, 100.0, 8, 4, &mut counters);
     // The operator asks for 9 routed; the load (8/s at 4/s each) needs 3.
     let before = h.log.len();
-    h.request(
+    h.ask(
         Peer::trusted(),
         Request::Scale {
             model: "m".into(),
@@ -495,7 +502,8 @@ fn routed_headroom_beyond_the_recent_need_is_not_duplicated_in_the_pool() {
             warm_pool: None,
             reset: false,
         },
-    );
+    )
+    .expect("the request is answered ok");
     let out = h.log[before..].to_vec();
     bring_up(&mut h, out);
     for id in h.in_state("m", ReplicaState::Starting) {
@@ -532,8 +540,8 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
             completed: Some(30 * i),
             router: None,
         };
-        let resp = h.request(Peer::trusted(), Request::Report(r));
-        assert_eq!(resp["ok"], true, "{resp}");
+        let resp = h.ask(Peer::trusted(), Request::Report(r));
+        assert!(resp.is_ok(), "{resp:?}");
     };
     for i in 0..14 {
         send(&mut h, i, 4);
@@ -551,8 +559,8 @@ fn a_report_claiming_billions_in_flight_does_not_become_the_slot_count() {
         completed: Some(30 * 14),
         router: None,
     };
-    let resp = h.request(Peer::trusted(), Request::Report(huge));
-    assert_eq!(resp["error"], "bad_request", "{resp}");
+    let resp = h.ask(Peer::trusted(), Request::Report(huge));
+    assert_eq!(error_code(&resp), Some(ErrorCode::BadRequest), "{resp:?}");
     // …and the most it lets through is still not believed as a slot count.
     send(&mut h, 14, 1_000_000);
     let cap = h.node.models["m"].autoscaler.capacity().expect("measured");
