@@ -225,6 +225,7 @@ impl Harness {
         }))))
     }
 
+    /// A trusted report of `model`'s queue (for `replica`, or model-wide); it must be taken.
     pub fn report(
         &mut self,
         model: &str,
@@ -232,7 +233,7 @@ impl Harness {
         wait_ms: f64,
         depth: u64,
         in_flight: u64,
-    ) -> Value {
+    ) {
         let r = Report {
             model: model.into(),
             replica: replica.map(String::from),
@@ -243,7 +244,8 @@ impl Harness {
             completed: None,
             router: None,
         };
-        self.request(Peer::trusted(), Request::Report(r))
+        let answer = self.ask(Peer::trusted(), Request::Report(r));
+        assert!(answer.is_ok(), "the report was refused: {answer:?}");
     }
 
     /// Answers every Spawn in `actions` with a pid; returns the spawned replica ids.
