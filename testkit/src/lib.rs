@@ -30,6 +30,7 @@
 //! the test if one survives. The daemon and routers also get PR_SET_PDEATHSIG, so a test binary
 //! killed from outside takes them along, and the daemons their replicas.
 
+mod builder;
 pub mod cgroups;
 mod config;
 mod conn;
@@ -52,9 +53,10 @@ mod watch;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+pub use builder::DaemonBuilder;
 pub use config::{Config, Liveness, Model};
 pub use conn::{ask_on, connect_as, request, Conn};
-pub use daemon::{run, CliOutput, Daemon, DaemonBuilder, Home, Launch};
+pub use daemon::{run, CliOutput, Daemon, Home, Launch};
 pub use fresh::{Checkout, FreshAccounts};
 pub use http::{complete, http, llama_complete, tokens_for, HttpReply};
 pub use load::Load;
