@@ -30,6 +30,7 @@ use super::model::Rollout;
 use super::node::Node;
 use super::placement::Placed;
 use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::reservations::PortClaim;
 use super::Time;
 use crate::config::LaunchSpec;
 
@@ -103,7 +104,8 @@ impl Node {
             })
             .collect();
         let replicas = self
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| r.state != ReplicaState::Pending)
             .filter_map(|r| {
@@ -183,13 +185,13 @@ impl Node {
         if ReplicaId::new(&rec.model, rec.n).0 != rec.replica || rec.n > MAX_N {
             return Some("its record does not match its name".into());
         }
-        if !self.ports.claimable(rec.port) {
+        if !self.held.ports().claimable(rec.port) {
             return Some(format!(
                 "port {} is outside daemon.ports or taken",
                 rec.port
             ));
         }
-        if let Some(u) = rec.gpus.iter().find(|u| self.gpus.slot(u).is_none()) {
+        if let Some(u) = rec.gpus.iter().find(|u| self.held.gpus().slot(u).is_none()) {
             return Some(format!("its GPU {u} is not in the inventory"));
         }
         if rec.gpus.len() != rec.spec.gpus as usize {
@@ -219,7 +221,7 @@ impl Node {
         out: &mut Vec<Action>,
     ) -> bool {
         let id = ReplicaId(rec.replica.clone());
-        if self.replicas.contains_key(&id) {
+        if self.held.replicas().contains_key(&id) {
             return false;
         }
         let refusal = self.refusal(how, &rec);
@@ -241,9 +243,6 @@ impl Node {
             self.refuse(r, &rec, &why, now, out);
             return false;
         }
-        self.ports.claim(rec.port);
-        r.set_port(Some(rec.port));
-        self.reserve_recorded(&mut r, &rec);
         if self
             .models
             .get(&rec.model)
@@ -256,7 +255,7 @@ impl Node {
             Adoption::HandedOver => {
                 r.state = rec.state;
                 r.next_probe = now + recheck;
-                self.replicas.insert(r);
+                self.take_back(r, &rec, PortClaim::Range(rec.port));
                 self.resume(&id, rec.state, now, out);
             }
             // Routed by a warm-up this very process passed (its pid and start time, which the
@@ -268,12 +267,12 @@ impl Node {
                 r.reverifying = true;
                 r.reason = REVERIFYING.into();
                 r.next_probe = now;
-                self.replicas.insert(r);
+                self.take_back(r, &rec, PortClaim::Range(rec.port));
                 self.send_warmup(&id, out);
             }
             Adoption::Found if rec.state == ReplicaState::Draining => {
                 r.state = ReplicaState::Draining;
-                self.replicas.insert(r);
+                self.take_back(r, &rec, PortClaim::Range(rec.port));
                 self.resume(&id, ReplicaState::Draining, now, out);
             }
             Adoption::Found => {
@@ -281,7 +280,7 @@ impl Node {
                 r.was_routed = rec.state == ReplicaState::Routed;
                 r.reason =
                     format!("adopted (was {}): re-verifying with its warm-up", rec.state).into();
-                self.replicas.insert(r);
+                self.take_back(r, &rec, PortClaim::Range(rec.port));
                 self.send_warmup(&id, out);
             }
         }
@@ -312,21 +311,19 @@ impl Node {
         Arc::new(spec.clone())
     }
 
-    /// Reserves on the GPUs the record names (those the inventory knows) what it held.
-    pub(super) fn reserve_recorded(&mut self, r: &mut Replica, rec: &ReplicaRecord) {
+    /// Adds a recorded replica with its port and what it held on the GPUs the record names
+    /// (those the inventory knows).
+    pub(super) fn take_back(&mut self, r: Replica, rec: &ReplicaRecord, port: PortClaim) {
         let devices: Vec<String> = rec
             .gpus
             .iter()
-            .filter(|u| self.gpus.slot(u).is_some())
+            .filter(|u| self.held.gpus().slot(u).is_some())
             .cloned()
             .collect();
-        let bytes = self.gpus.bounded_bytes(&devices, rec.gpu_bytes);
+        let bytes = self.held.gpus().bounded_bytes(&devices, rec.gpu_bytes);
         let placed = Placed { devices, bytes };
         let exclusive = rec.spec.gpu_memory.is_none();
-        self.gpus
-            .reserve(&r.id, &placed.devices, placed.bytes, exclusive);
-        r.gpus = placed.devices;
-        r.gpu_bytes = placed.bytes;
+        self.held.adopt(r, port, placed, exclusive);
     }
 
     /// A replica adopted with a launch spec other than the configuration's (the file changed

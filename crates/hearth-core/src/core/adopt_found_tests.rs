@@ -65,7 +65,7 @@ fn a_busy_adopted_replica_keeps_its_place_while_its_warm_up_waits_behind_its_wor
         h.run_for(Duration::from_secs(1));
         assert_eq!(routed(&h, "b"), ["b-1"]);
     }
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert!(b1.reason.contains("re-verifies"), "{}", b1.reason);
     assert!(b1.reason.contains("no answer within 5s"), "{}", b1.reason);
     // Then it answers: nothing moves, the reason goes.
@@ -79,7 +79,7 @@ fn a_busy_adopted_replica_keeps_its_place_while_its_warm_up_waits_behind_its_wor
         },
     );
     assert!(routed_sets(&out).is_empty());
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert!(!b1.reverifying && b1.reason.is_empty(), "{b1:?}");
     assert_eq!(b1.state, ReplicaState::Routed);
     // And its liveness probes resume.
@@ -94,11 +94,11 @@ fn an_adopted_routed_replica_whose_warm_up_never_passes_is_drained_after_startup
     let (mut h, _) = found(&toml, ledger);
     // The harness's startup_timeout is 10 s; b-1 never answers.
     h.run_for(Duration::from_millis(9_500));
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert_eq!(b1.state, ReplicaState::Routed, "within the timeout: {b1:?}");
     assert_eq!(routed(&h, "b"), ["b-1"]);
     h.run_for(Duration::from_secs(1));
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert_eq!(b1.state, ReplicaState::Draining, "{b1:?}");
     assert!(
         b1.reason.contains("did not pass within 10"),
@@ -130,7 +130,7 @@ fn a_record_that_says_routed_without_a_warm_up_passed_is_not_routed_before_one()
         "{out:?}"
     );
     assert_eq!(
-        h.node.replicas[&ReplicaId("b-1".into())].state,
+        h.node.held.replicas()[&ReplicaId("b-1".into())].state,
         ReplicaState::Starting
     );
     let out = h.warm(&ReplicaId("b-1".into()));
@@ -155,16 +155,16 @@ fn a_replica_found_draining_goes_on_draining_and_is_never_stopped_with_work_in_f
     )
     .expect("the request is answered ok");
     assert_eq!(
-        old.node.replicas[&ReplicaId("b-1".into())].state,
+        old.node.held.replicas()[&ReplicaId("b-1".into())].state,
         ReplicaState::Draining
     );
     let (mut h, out) = found(&toml, old.node.ledger());
     assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert_eq!(b1.state, ReplicaState::Draining);
     h.report("b", Some("b-1"), 0.0, 0, 1);
     assert_eq!(
-        h.node.replicas[&ReplicaId("b-1".into())].state,
+        h.node.held.replicas()[&ReplicaId("b-1".into())].state,
         ReplicaState::Draining,
         "work in flight"
     );
@@ -181,8 +181,11 @@ fn an_adopted_replica_sent_back_to_the_pool_before_its_warm_up_passed_is_not_pro
     let (_, ledger) = earlier_run(&toml);
     let (mut h, _) = found(&toml, ledger);
     let a1 = ReplicaId("a-1".into());
-    h.node.replicas.get_mut(&a1).unwrap().state = ReplicaState::Warm;
-    assert!(!h.node.replicas[&a1].promotable(), "under re-verification");
+    h.node.held.replicas_mut().get_mut(&a1).unwrap().state = ReplicaState::Warm;
+    assert!(
+        !h.node.held.replicas()[&a1].promotable(),
+        "under re-verification"
+    );
     answer(
         &mut h,
         "a-1",
@@ -192,7 +195,7 @@ fn an_adopted_replica_sent_back_to_the_pool_before_its_warm_up_passed_is_not_pro
             detail: "HTTP 200".into(),
         },
     );
-    let a1 = &h.node.replicas[&a1];
+    let a1 = &h.node.held.replicas()[&a1];
     assert!(!a1.reverifying, "{a1:?}");
     assert!(
         a1.promotable() || a1.state == ReplicaState::Routed,

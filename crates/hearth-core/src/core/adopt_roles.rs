@@ -9,6 +9,7 @@ use super::event::{Action, LogLevel, ProbeKind, ProbeOutcome, StopSignal};
 use super::lifecycle::{ORPHAN_DRAIN, ORPHAN_STOP_GRACE};
 use super::node::Node;
 use super::replica::{Replica, ReplicaId, ReplicaState};
+use super::reservations::PortClaim;
 use super::Time;
 use crate::units::short_duration;
 
@@ -27,11 +28,7 @@ impl Node {
     ) {
         let id = r.id.clone();
         // Its process holds the port, in the range or not: booked until it exits (unless
-        // another record claimed it first).
-        if self.ports.claim_held(rec.port) {
-            r.set_port(Some(rec.port));
-        }
-        self.reserve_recorded(&mut r, rec);
+        // another record claimed it first): `PortClaim::Held`.
         let model = self.models.get(&rec.model);
         let serving = matches!(rec.state, ReplicaState::Routed | ReplicaState::Draining);
         if serving {
@@ -39,7 +36,7 @@ impl Node {
             r.state = ReplicaState::Draining;
             r.deadline = Some(now + drain);
             r.reason = format!("not adopted: {why}; draining before it stops").into();
-            self.replicas.insert(r);
+            self.take_back(r, rec, PortClaim::Held(rec.port));
             self.publish_state(&id, out);
             self.log(
                 LogLevel::Warn,
@@ -60,7 +57,7 @@ impl Node {
         r.state = ReplicaState::Stopping;
         r.deadline = Some(now + grace);
         r.reason = format!("not adopted: {why}").into();
-        self.replicas.insert(r);
+        self.take_back(r, rec, PortClaim::Held(rec.port));
         out.push(Action::Signal {
             replica: id.clone(),
             pid: rec.pid,
@@ -88,7 +85,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let Some(m) = self.models.get(&r.model) else {
@@ -98,13 +95,13 @@ impl Node {
         match state {
             ReplicaState::Starting => self.send_warmup(id, out),
             ReplicaState::Draining => {
-                if let Some(r) = self.replicas.get_mut(id) {
+                if let Some(r) = self.held.replicas_mut().get_mut(id) {
                     r.deadline = Some(now + drain);
                     r.reason = "draining (adopted while it drained)".into();
                 }
             }
             ReplicaState::Stopping => {
-                if let Some(r) = self.replicas.get_mut(id) {
+                if let Some(r) = self.held.replicas_mut().get_mut(id) {
                     r.deadline = Some(now + grace);
                     r.reason = "stopping (handed over)".into();
                     if let Some(pid) = r.pid {
@@ -137,7 +134,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         if o.ok {
@@ -174,7 +171,7 @@ impl Node {
     /// An adopted replica that kept its place and did not pass its warm-up within the model's
     /// `startup_timeout` since it was adopted leaves (see `reverified`).
     pub(super) fn reverify_deadline(&mut self, id: &ReplicaId, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let Some(m) = self.models.get(&r.model) else {
@@ -199,7 +196,7 @@ impl Node {
     /// Out of the routed set: drained when routed, stopped when warm. Not a failure of the
     /// model: it served before.
     fn leave_unverified(&mut self, id: &ReplicaId, why: &str, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         r.reverifying = false;
@@ -221,7 +218,7 @@ impl Node {
     }
 
     pub(super) fn publish_state(&self, id: &ReplicaId, out: &mut Vec<Action>) {
-        if let Some(r) = self.replicas.get(id) {
+        if let Some(r) = self.held.replicas().get(id) {
             out.push(Action::Publish(crate::protocol::WatchEvent::Replica {
                 model: r.model.clone(),
                 replica: id.0.clone(),

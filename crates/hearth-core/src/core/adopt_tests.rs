@@ -45,7 +45,8 @@ pub(super) fn probes(actions: &[Action], kind: ProbeKind) -> Vec<ReplicaId> {
 
 pub(super) fn pids(h: &Harness) -> Vec<(ReplicaId, Option<u32>, ReplicaState)> {
     h.node
-        .replicas
+        .held
+        .replicas()
         .values()
         .map(|r| (r.id.clone(), r.pid, r.state))
         .collect()
@@ -98,7 +99,7 @@ fn found_replicas_keep_their_routed_places_while_re_verified_then_all_roles_with
         "the routed set is the earlier run's from the start"
     );
     let a3 = ReplicaId("a-3".into());
-    assert_eq!(h.node.replicas[&a3].state, ReplicaState::Starting);
+    assert_eq!(h.node.held.replicas()[&a3].state, ReplicaState::Starting);
     let mut all = out;
     all.extend(h.send(Event::Tick));
     // The one that was warm answers first: it must not take a routed one's place.
@@ -233,7 +234,7 @@ fn rolls_out_after(how: Adoption) {
     h.settle(tick);
     h.run_for(std::time::Duration::from_secs(2));
     for id in ["a-1", "a-2"] {
-        let r = &h.node.replicas[&ReplicaId(id.into())];
+        let r = &h.node.held.replicas()[&ReplicaId(id.into())];
         assert_eq!(r.state, ReplicaState::Draining, "{how:?} {id}: {r:?}");
         // Its work done: it stops.
         h.report("a", Some(id), 0.0, 0, 0);
@@ -251,7 +252,7 @@ fn rolls_out_after(how: Adoption) {
     assert_eq!(routed.len(), 2, "{how:?}: {routed:?}");
     assert!(routed.iter().all(|r| r != "a-1" && r != "a-2"));
     for id in ["a-1", "a-2"] {
-        let r = &h.node.replicas[&ReplicaId(id.into())];
+        let r = &h.node.held.replicas()[&ReplicaId(id.into())];
         assert_eq!(
             r.state,
             ReplicaState::Stopping,
@@ -313,13 +314,16 @@ fn records_that_do_not_fit_leave_drained_never_routed_and_numbers_are_bounded() 
     // All three were routed: they leave by a drain, out of the routed set from the start.
     assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
     for id in ["a-1", "a-2", "b-1"] {
-        let r = &h.node.replicas[&ReplicaId(id.into())];
+        let r = &h.node.held.replicas()[&ReplicaId(id.into())];
         assert_eq!(r.state, ReplicaState::Draining, "{id}: {r:?}");
         assert!(r.reason.starts_with("not adopted"), "{}", r.reason);
     }
     // Its process holds port 9 until it exits: booked, outside the range.
-    assert_eq!(h.node.replicas[&ReplicaId("a-1".into())].port, Some(9));
-    let a3 = &h.node.replicas[&ReplicaId("a-3".into())];
+    assert_eq!(
+        h.node.held.replicas()[&ReplicaId("a-1".into())].port,
+        Some(9)
+    );
+    let a3 = &h.node.held.replicas()[&ReplicaId("a-3".into())];
     assert_eq!(a3.gpu_bytes, 80 << 30, "bounded by the device");
     let m = &h.node.models["a"];
     assert!(
@@ -328,7 +332,10 @@ fn records_that_do_not_fit_leave_drained_never_routed_and_numbers_are_bounded() 
         m.next_n
     );
     assert!(
-        h.node.replicas.contains_key(&ReplicaId("a-4".into())),
+        h.node
+            .held
+            .replicas()
+            .contains_key(&ReplicaId("a-4".into())),
         "numbering goes on from the records"
     );
     assert_eq!(m.desired_routed, 8, "clamped to max");
@@ -341,12 +348,12 @@ fn records_that_do_not_fit_leave_drained_never_routed_and_numbers_are_bounded() 
     // One reports its work done and stops at once; the others at the drain timeout (5 m).
     h.report("a", Some("a-1"), 0.0, 0, 0);
     assert_eq!(
-        h.node.replicas[&ReplicaId("a-1".into())].state,
+        h.node.held.replicas()[&ReplicaId("a-1".into())].state,
         ReplicaState::Stopping
     );
     h.run_for(std::time::Duration::from_secs(5 * 60));
     for id in ["a-2", "b-1"] {
-        let r = &h.node.replicas[&ReplicaId(id.into())];
+        let r = &h.node.held.replicas()[&ReplicaId(id.into())];
         assert_eq!(r.state, ReplicaState::Stopping, "{id}: {r:?}");
     }
     assert_eq!(
@@ -376,13 +383,13 @@ fn a_record_of_a_model_no_longer_configured_is_drained_then_stopped_and_killed()
     });
     let b1 = ReplicaId("b-1".into());
     assert!(!signals(&out, StopSignal::Term).contains(&b1), "{out:?}");
-    assert_eq!(h.node.replicas[&b1].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&b1].state, ReplicaState::Draining);
     let drained = h.run_for(super::lifecycle::ORPHAN_DRAIN + std::time::Duration::from_secs(1));
     assert!(signals(&drained, StopSignal::Term).contains(&b1));
     let killed = h.run_for(super::lifecycle::ORPHAN_STOP_GRACE + std::time::Duration::from_secs(1));
     assert!(signals(&killed, StopSignal::Kill).contains(&b1));
     h.exit(&b1, crate::core::harness::KILLED);
-    assert!(!h.node.replicas.contains_key(&b1));
+    assert!(!h.node.held.replicas().contains_key(&b1));
 }
 
 #[test]
@@ -408,7 +415,7 @@ fn an_adopted_replica_that_answers_its_warm_up_wrongly_leaves_without_a_failure_
     // b-1 was routed and kept its place: it leaves the routed set and drains.
     let out = h.send(wrong("b-1"));
     assert!(signals(&out, StopSignal::Term).is_empty(), "{out:?}");
-    let b1 = &h.node.replicas[&ReplicaId("b-1".into())];
+    let b1 = &h.node.held.replicas()[&ReplicaId("b-1".into())];
     assert_eq!(b1.state, ReplicaState::Draining);
     assert!(
         b1.reason.contains("adopted, but its warm-up failed"),

@@ -132,7 +132,7 @@ impl Node {
             .collect();
         for name in names {
             self.expire_front_doors(&name, now, out);
-            let replicas = &self.replicas;
+            let replicas = &self.held.replicas();
             if let Some(m) = self.models.get_mut(&name) {
                 m.front_doors
                     .forget_replicas(|id| replicas.get(id).is_some());
@@ -189,7 +189,7 @@ impl Node {
     }
 
     fn clear_replica_signals(&mut self, model: &str) {
-        for r in self.replicas.of_model_mut(model) {
+        for r in self.held.replicas_mut().of_model_mut(model) {
             r.signal = Default::default();
         }
         if let Some(m) = self.models.get_mut(model) {

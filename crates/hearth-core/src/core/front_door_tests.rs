@@ -68,7 +68,7 @@ fn reporter() -> Peer {
 }
 
 fn last_in_flight(h: &Harness, r: &ReplicaId) -> Option<u64> {
-    h.node.replicas[r].signal.last().map(|s| s.in_flight)
+    h.node.held.replicas()[r].signal.last().map(|s| s.in_flight)
 }
 
 fn scrapes(actions: &[Action]) -> usize {
@@ -132,24 +132,24 @@ fn a_drain_ends_when_the_front_door_says_idle_not_when_the_replica_does() {
         },
     );
     assert!(out.is_ok(), "{out:?}");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
     // The replica thinks it is idle (the request is still on its way): it keeps draining.
     h.now = h.now + Duration::from_millis(100);
     h.ask(own(&h, &r), report(None, 0, None))
         .expect("the request is answered ok");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
     // The front door keeps the model's signal alive and still counts the request.
     h.now = h.now + Duration::from_millis(100);
     h.ask(reporter(), report(None, 1, door))
         .expect("the request is answered ok");
     h.ask(reporter(), report(Some(&r), 1, door))
         .expect("the request is answered ok");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
     // The answer came back through the front door: the drain ends at once.
     h.now = h.now + Duration::from_millis(100);
     h.ask(reporter(), report(Some(&r), 0, door))
         .expect("the request is answered ok");
-    assert_ne!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_ne!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
 }
 
 #[test]
@@ -384,14 +384,14 @@ fn a_drain_ends_when_every_front_door_has_its_requests_back() {
     h.ask(reporter(), door_report("door-a", Some(&r), 0.0, 0, 0, 1))
         .expect("the request is answered ok");
     assert_eq!(
-        h.node.replicas[&r].state,
+        h.node.held.replicas()[&r].state,
         ReplicaState::Draining,
         "door-b still has a request there"
     );
     h.now = h.now + Duration::from_millis(100);
     h.ask(reporter(), door_report("door-b", Some(&r), 0.0, 0, 0, 1))
         .expect("the request is answered ok");
-    assert_ne!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_ne!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
 }
 
 #[test]

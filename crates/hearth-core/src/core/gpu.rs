@@ -316,32 +316,6 @@ impl GpuTable {
         })
     }
 
-    pub fn reserve(&mut self, replica: &ReplicaId, devices: &[String], bytes: u64, whole: bool) {
-        for u in devices {
-            let Some(s) = self.slot_by_uuid_mut(u) else {
-                continue;
-            };
-            s.reserved = s.reserved.saturating_add(bytes);
-            s.exclusive |= whole;
-            s.replicas.push(replica.clone());
-        }
-    }
-
-    pub fn release(&mut self, replica: &ReplicaId, devices: &[String], bytes: u64) {
-        for u in devices {
-            if let Some(s) = self.slot_by_uuid_mut(u) {
-                s.reserved = s.reserved.saturating_sub(bytes);
-                s.replicas.retain(|r| r != replica);
-                if s.replicas.is_empty() {
-                    s.exclusive = false;
-                    s.reserved = 0;
-                }
-            }
-        }
-        // A device that vanished goes once nothing holds it any more.
-        self.slots.retain(|s| !(s.gone && s.replicas.is_empty()));
-    }
-
     /// `bytes` no larger than the smallest of these devices: a reservation read from disk
     /// never overflows a slot's books.
     pub fn bounded_bytes(&self, devices: &[String], bytes: u64) -> u64 {

@@ -19,10 +19,11 @@ impl Node {
     /// The devices an XID or a recovery action of `uuid` is about: the device itself, or every
     /// MIG instance of the GPU `uuid`.
     fn affected(&self, uuid: &str) -> Vec<String> {
-        if self.gpus.slot(uuid).is_some() {
+        if self.held.gpus().slot(uuid).is_some() {
             return vec![uuid.to_string()];
         }
-        self.gpus
+        self.held
+            .gpus()
             .slots
             .iter()
             .filter(|s| s.device.mig.as_ref().is_some_and(|m| m.parent == uuid))
@@ -75,7 +76,7 @@ impl Node {
     /// A device needs a reset (or the host a reboot): it takes nothing until `hearth uncordon`,
     /// and its replicas are replaced elsewhere.
     fn make_unhealthy(&mut self, uuid: &str, why: &str, out: &mut Vec<Action>) {
-        let Some(s) = self.gpus.slot_by_uuid_mut(uuid) else {
+        let Some(s) = self.held.gpus_mut().slot_by_uuid_mut(uuid) else {
             return;
         };
         if !s.healthy {
@@ -99,7 +100,7 @@ impl Node {
     }
 
     fn drain_p2p(&mut self, uuid: &str, on: bool, out: &mut Vec<Action>) {
-        let Some(s) = self.gpus.slot_by_uuid_mut(uuid) else {
+        let Some(s) = self.held.gpus_mut().slot_by_uuid_mut(uuid) else {
             return;
         };
         if s.p2p_drain == on {
@@ -119,7 +120,7 @@ impl Node {
 
     /// A recovery action read with a device's memory: acted on when it changes.
     fn recovery_read(&mut self, uuid: &str, action: RecoveryAction, out: &mut Vec<Action>) {
-        let Some(s) = self.gpus.slot_by_uuid_mut(uuid) else {
+        let Some(s) = self.held.gpus_mut().slot_by_uuid_mut(uuid) else {
             return;
         };
         let before = s.recovery.replace(action);
@@ -146,14 +147,14 @@ impl Node {
     /// A device reading: memory, who holds it, the recovery action.
     pub(super) fn gpu_reading(&mut self, reading: GpuReading, out: &mut Vec<Action>) {
         let uuid = reading.uuid.as_str();
-        let Some(s) = self.gpus.slot(uuid) else {
+        let Some(s) = self.held.gpus().slot(uuid) else {
             return;
         };
         let on_device = s.replicas.clone();
         // Replica leaders on this device, by pid.
         let leaders: BTreeMap<u32, ReplicaId> = on_device
             .iter()
-            .filter_map(|id| Some((self.replicas.get(id)?.pid?, id.clone())))
+            .filter_map(|id| Some((self.held.replicas().get(id)?.pid?, id.clone())))
             .collect();
         // (known bytes, some process's bytes unknown) per replica.
         let mut held: BTreeMap<ReplicaId, (u64, bool)> = BTreeMap::new();
@@ -194,7 +195,7 @@ impl Node {
             .saturating_sub(others_known);
         let mut ours = 0u64;
         for id in on_device {
-            let Some(r) = self.replicas.get_mut(&id) else {
+            let Some(r) = self.held.replicas_mut().get_mut(&id) else {
                 continue;
             };
             let (known, unknown) = match held.get(&id) {
@@ -227,7 +228,7 @@ impl Node {
                 r.overrun_warned = false;
             }
         }
-        if let Some(s) = self.gpus.slot_by_uuid_mut(uuid) {
+        if let Some(s) = self.held.gpus_mut().slot_by_uuid_mut(uuid) {
             s.memory_used = Some(reading.used);
             s.driver_reserved = reading.driver_reserved.min(s.device.memory_total);
             // Capacity is what others leave: what hearth's replicas don't account for is foreign.
@@ -240,19 +241,19 @@ impl Node {
 
     /// A new inventory reading: devices that appeared, vanished or were found faulted.
     pub(super) fn inventory(&mut self, devices: Vec<GpuDevice>, out: &mut Vec<Action>) {
-        let change = self.gpus.update(devices);
+        let change = self.held.gpus_mut().update(devices);
         for u in &change.appeared {
             self.log_global(
                 LogLevel::Info,
                 format!("GPU {u} appeared in the inventory"),
                 out,
             );
-            if let Some(s) = self.gpus.slot(u) {
+            if let Some(s) = self.held.gpus().slot(u) {
                 out.push(gpu_event(s));
             }
         }
         for u in &change.vanished {
-            let n = self.gpus.slot(u).map_or(0, |s| s.replicas.len());
+            let n = self.held.gpus().slot(u).map_or(0, |s| s.replicas.len());
             self.log_global(
                 LogLevel::Error,
                 format!(
@@ -260,7 +261,7 @@ impl Node {
                 ),
                 out,
             );
-            if let Some(s) = self.gpus.slot(u) {
+            if let Some(s) = self.held.gpus().slot(u) {
                 out.push(gpu_event(s));
             }
         }
@@ -272,13 +273,13 @@ impl Node {
             );
         }
         for (u, why) in &change.faulted {
-            let n = self.gpus.slot(u).map_or(0, |s| s.replicas.len());
+            let n = self.held.gpus().slot(u).map_or(0, |s| s.replicas.len());
             self.log_global(
                 LogLevel::Error,
                 format!("GPU {u}: {why}; it takes no replicas (moving {n} off it)"),
                 out,
             );
-            if let Some(s) = self.gpus.slot(u) {
+            if let Some(s) = self.held.gpus().slot(u) {
                 out.push(gpu_event(s));
             }
         }
@@ -292,7 +293,7 @@ impl Node {
         evacuate: bool,
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
-        let s = self.gpus.slot_mut(gpu).ok_or_else(|| {
+        let s = self.held.gpus_mut().slot_mut(gpu).ok_or_else(|| {
             Failure::new(
                 ErrorCode::UnknownGpu,
                 format!("no GPU {}", crate::protocol::quote(gpu)),

@@ -77,7 +77,7 @@ fn evacuation_keeps_min_routed(trigger: impl FnOnce(&mut Harness) -> Vec<Action>
     assert_eq!(draining, old);
     assert_eq!(h.in_state("m", ReplicaState::Routed), new);
     // Nothing new goes to the device.
-    let a = h.node.gpus.slot("GPU-a").unwrap();
+    let a = h.node.held.gpus().slot("GPU-a").unwrap();
     assert!(!a.healthy || a.cordoned);
 }
 
@@ -128,7 +128,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
     ] {
         let out = h.send(xid("GPU-a", x, r));
         assert_eq!(spawns(&out), 0, "XID {x}");
-        assert!(h.node.gpus.slots[0].healthy, "XID {x}");
+        assert!(h.node.held.gpus().slots[0].healthy, "XID {x}");
     }
     let r = h.ask(
         Peer::trusted(),
@@ -168,7 +168,7 @@ fn application_xids_are_logged_only_and_cordon_without_evacuate_moves_nothing() 
     assert_eq!(
         h.in_state("m", ReplicaState::Starting)
             .iter()
-            .map(|id| h.node.replicas[id].gpus.clone())
+            .map(|id| h.node.held.replicas()[id].gpus.clone())
             .collect::<Vec<_>>(),
         vec![vec!["GPU-b".to_string()]]
     );
@@ -182,7 +182,7 @@ fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
     h.settle(first);
     h.send(xid("GPU-b", 48, None));
     h.run_for(Duration::from_secs(600));
-    assert!(!h.node.gpus.slots[1].healthy);
+    assert!(!h.node.held.gpus().slots[1].healthy);
     let r = h.ask(
         Peer::trusted(),
         Request::Uncordon {
@@ -190,7 +190,7 @@ fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
         },
     );
     assert!(r.is_ok(), "{r:?}");
-    assert!(h.node.gpus.slots[1].healthy && !h.node.gpus.slots[1].evacuate);
+    assert!(h.node.held.gpus().slots[1].healthy && !h.node.held.gpus().slots[1].evacuate);
 }
 
 const ONE_DEVICE: &str = r#"
@@ -347,7 +347,7 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
         )),
         "once per episode"
     );
-    assert_eq!(h.node.gpus.slots[0].memory_foreign, 40 * GIB);
+    assert_eq!(h.node.held.gpus().slots[0].memory_foreign, 40 * GIB);
     // 80 − 40 foreign − 30 reserved = 10 GiB: a second 30 GiB replica does not fit.
     let r = h.ask(
         Peer::trusted(),
@@ -476,7 +476,8 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
         &[(leader, None, &[leader]), (99999, Some(GIB), &[99999])],
     ));
     assert_eq!(
-        h.node.gpus.slots[0].memory_foreign, GIB,
+        h.node.held.gpus().slots[0].memory_foreign,
+        GIB,
         "only the other process's"
     );
     // Across PID namespaces the replica's processes cannot be seen at all: the same.
@@ -485,10 +486,10 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
         38 * GIB,
         &[(424242, None, &[]), (99999, Some(GIB), &[99999])],
     ));
-    assert_eq!(h.node.gpus.slots[0].memory_foreign, GIB);
+    assert_eq!(h.node.held.gpus().slots[0].memory_foreign, GIB);
     // Never more than the replica reserved: the rest of an unknowable 60 GiB is foreign.
     h.send(reading("GPU-a", 60 * GIB, &[(424242, None, &[])]));
-    assert_eq!(h.node.gpus.slots[0].memory_foreign, 22 * GIB);
+    assert_eq!(h.node.held.gpus().slots[0].memory_foreign, 22 * GIB);
     // Back to 38 GiB used: a second 38 GiB replica fits (80 − 38 reserved − 1 foreign).
     h.send(reading(
         "GPU-a",

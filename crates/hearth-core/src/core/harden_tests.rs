@@ -47,7 +47,12 @@ fn two_models() -> String {
 }
 
 fn replicas_of(h: &Harness, m: &str) -> usize {
-    h.node.replicas.values().filter(|r| r.model == m).count()
+    h.node
+        .held
+        .replicas()
+        .values()
+        .filter(|r| r.model == m)
+        .count()
 }
 
 fn persisted(actions: &[Action]) -> Option<BTreeMap<String, Overrides>> {
@@ -207,7 +212,7 @@ fn overrides_are_checked_against_the_configuration_they_meet() {
     let mut node = Node::new(config, devices, hostile, Time::ZERO);
     node.handle(Event::Tick, Time::ZERO);
     assert_eq!(node.models["a"].max(), 8);
-    assert!(node.replicas.len() <= 9);
+    assert!(node.held.replicas().len() <= 9);
 }
 
 #[test]
@@ -292,7 +297,7 @@ fn drain_at_min_promotes_a_warm_replica_first() {
     assert!(!sets.is_empty());
     assert!(sets.iter().all(|s| !s.is_empty()), "{sets:?}");
     assert_eq!(sets.last().unwrap(), &vec![warm.0.clone()]);
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
 }
 
 #[test]
@@ -307,17 +312,17 @@ fn drain_at_min_without_a_warm_replica_starts_one_and_drains_once_it_is_routed()
     let asked = h.log[before..].to_vec();
     assert_eq!(spawns(&asked), 1, "a replacement is started");
     assert_eq!(
-        h.node.replicas[&r].state,
+        h.node.held.replicas()[&r].state,
         ReplicaState::Routed,
         "still serving"
     );
-    assert!(h.node.replicas[&r].reason.contains("drain asked"));
+    assert!(h.node.held.replicas()[&r].reason.contains("drain asked"));
     // It keeps serving until the replacement passed its warm-up and is routed in its place.
     h.run_for(Duration::from_secs(2));
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Routed);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Routed);
     let before = h.log.len();
     h.settle(asked);
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
     let sets = routed_sets(&h.log[before..]);
     assert!(sets.iter().all(|s| !s.is_empty()), "{sets:?}");
     assert_eq!(routed(&h).len(), 1);
@@ -340,14 +345,14 @@ fn drain_at_min_with_no_room_for_a_replacement_is_refused_unless_forced() {
         "{msg}"
     );
     assert_eq!(
-        h.node.replicas[&r].state,
+        h.node.held.replicas()[&r].state,
         ReplicaState::Routed,
         "nothing changed"
     );
-    assert!(!h.node.replicas[&r].drain_asked);
+    assert!(!h.node.held.replicas()[&r].drain_asked);
     let a = drain(&mut h, &r, true);
     assert!(a.is_ok(), "{a:?}");
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
 }
 
 #[test]
@@ -364,7 +369,7 @@ fn drain_above_min_drains_at_once() {
     assert_eq!(routed(&h).len(), 2);
     let r = routed(&h)[0].clone();
     assert!(drain(&mut h, &r, false).is_ok());
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
 }
 
 #[test]
@@ -483,7 +488,7 @@ fn answers_quote_little_of_what_they_were_sent() {
         assert_eq!(a["ok"], false, "{a}");
         assert!(a.to_string().len() < 512, "{}", a.to_string().len());
     }
-    assert!(h.node.gpus.views().iter().all(|g| !g.cordoned));
+    assert!(h.node.held.gpus().views().iter().all(|g| !g.cordoned));
 }
 
 /// `model` on 2,000 ports, `min = 2`, `max = 1000`; `extra` as `model` takes it.

@@ -108,13 +108,18 @@ impl Harness {
 
     /// Whether the device takes replicas now (for tests outside the core).
     pub fn accepts(&self, uuid: &str) -> bool {
-        self.node.gpus.slot(uuid).is_some_and(|s| s.accepts())
+        self.node
+            .held
+            .gpus()
+            .slot(uuid)
+            .is_some_and(|s| s.accepts())
     }
 
     /// (bytes reserved, NVML index) of a device.
     pub fn reserved_on(&self, uuid: &str) -> Option<(u64, u32)> {
         self.node
-            .gpus
+            .held
+            .gpus()
             .slot(uuid)
             .map(|s| (s.reserved, s.device.index))
     }
@@ -122,7 +127,8 @@ impl Harness {
     /// The devices of a replica.
     pub fn gpus_of(&self, id: &ReplicaId) -> Vec<String> {
         self.node
-            .replicas
+            .held
+            .replicas()
             .get(id)
             .map(|r| r.gpus.clone())
             .unwrap_or_default()
@@ -131,7 +137,8 @@ impl Harness {
     /// Every replica's state and devices.
     pub fn all_replicas(&self) -> Vec<(ReplicaState, Vec<String>)> {
         self.node
-            .replicas
+            .held
+            .replicas()
             .values()
             .map(|r| (r.state, r.gpus.clone()))
             .collect()
@@ -303,7 +310,8 @@ impl Harness {
     pub fn in_state(&self, model: &str, state: ReplicaState) -> Vec<ReplicaId> {
         let mut v: Vec<_> = self
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| r.model == model && r.state == state)
             .map(|r| (r.n, r.id.clone()))
@@ -314,7 +322,8 @@ impl Harness {
 
     pub fn pid(&self, id: &ReplicaId) -> u32 {
         self.node
-            .replicas
+            .held
+            .replicas()
             .get(id)
             .and_then(|r| r.pid)
             .expect("has a pid")
@@ -363,7 +372,7 @@ pub fn gpu_model(name: &str, mem: &str, extra: &str, scaling: &str) -> String {
 }
 
 pub fn on_device(h: &Harness, uuid: &str) -> Vec<ReplicaId> {
-    let mut v = h.node.gpus.slot(uuid).unwrap().replicas.clone();
+    let mut v = h.node.held.gpus().slot(uuid).unwrap().replicas.clone();
     v.sort();
     v
 }

@@ -22,13 +22,14 @@ impl Node {
         // handling another replica does not change (a walk copying every id was most of a
         // tick with a thousand replicas).
         let ids: Vec<ReplicaId> = self
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| tick_may_act(r, now))
             .map(|r| r.id.clone())
             .collect();
         for id in ids {
-            let Some(r) = self.replicas.get(&id) else {
+            let Some(r) = self.held.replicas().get(&id) else {
                 continue;
             };
             // Draining and stopping need no model: an earlier run's replica whose model is no
@@ -77,7 +78,7 @@ impl Node {
                     };
                     if wanted && !r.probe_in_flight && now >= r.next_probe {
                         if let Some(spec) = self.probe_spec(&id, kind) {
-                            let Some(r) = self.replicas.get_mut(&id) else {
+                            let Some(r) = self.held.replicas_mut().get_mut(&id) else {
                                 continue;
                             };
                             r.probe_in_flight = true;
@@ -104,7 +105,7 @@ impl Node {
                     if !r.killed && r.deadline.is_some_and(|d| now >= d) =>
                 {
                     if let Some(pid) = r.pid {
-                        let Some(r) = self.replicas.get_mut(&id) else {
+                        let Some(r) = self.held.replicas_mut().get_mut(&id) else {
                             continue;
                         };
                         r.killed = true;
@@ -126,7 +127,7 @@ impl Node {
                 _ => {}
             }
         }
-        self.ports.expire_busy(now);
+        self.held.expire_busy_ports(now);
         // Failures age out of the window even when no new one comes: crash_loop clears by itself.
         for m in self.models.values_mut() {
             m.recent_failures(now);
@@ -145,7 +146,7 @@ impl Node {
     }
 
     pub(super) fn spawned(&mut self, id: &ReplicaId, pid: u32, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         // A replica is one process for its whole life: what its warm-up proved is about that
@@ -195,7 +196,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let state = r.state;
@@ -221,13 +222,9 @@ impl Node {
 
     /// Removes a replica from the books, releasing what it held.
     pub(super) fn forget(&mut self, id: &ReplicaId, why: &str, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.remove(id) else {
+        let Some(r) = self.held.release(id) else {
             return;
         };
-        if let Some(p) = r.port {
-            self.ports.give_back(p);
-        }
-        self.gpus.release(id, &r.gpus, r.gpu_bytes);
         let _ = why;
         out.push(Action::Publish(WatchEvent::Replica {
             model: r.model.clone(),
@@ -235,7 +232,7 @@ impl Node {
             state: WatchedState::GONE,
         }));
         if let Some(m) = self.models.get(&r.model) {
-            if m.removed && !self.replicas.has_model(&r.model) {
+            if m.removed && !self.held.replicas().has_model(&r.model) {
                 let name = r.model.clone();
                 self.models.remove(&name);
                 self.log_global(LogLevel::Info, format!("model {name} removed"), out);
@@ -251,7 +248,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        if let Some(r) = self.replicas.get(id) {
+        if let Some(r) = self.held.replicas().get(id) {
             let (spec, ever_warm) = (Arc::clone(&r.spec), r.ever_warm);
             self.rollout_failure(model, &spec, ever_warm, why, out);
         }
@@ -276,7 +273,7 @@ impl Node {
 
     /// A replica failed (probe, timeout): stop it, count the failure; the reconciler replaces it.
     pub(super) fn fail(&mut self, id: &ReplicaId, why: &str, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let model = r.model.clone();
@@ -292,7 +289,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let (drain, grace) = self
@@ -307,7 +304,7 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Draining, now, out);
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         r.deadline = Some(deadline);
@@ -331,7 +328,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         if r.state == ReplicaState::Stopping {
@@ -351,7 +348,7 @@ impl Node {
         }
         let model = r.model.clone();
         self.set_state(id, ReplicaState::Stopping, now, out);
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         r.deadline = Some(deadline);
@@ -380,7 +377,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         if r.state == state {
@@ -433,9 +430,9 @@ impl Node {
     }
 
     fn kill_all(&mut self, out: &mut Vec<Action>) {
-        let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
+        let ids: Vec<ReplicaId> = self.held.replicas().keys().cloned().collect();
         for id in ids {
-            let Some(r) = self.replicas.get_mut(&id) else {
+            let Some(r) = self.held.replicas_mut().get_mut(&id) else {
                 continue;
             };
             if r.state == ReplicaState::Pending {
@@ -459,7 +456,7 @@ impl Node {
     }
 
     pub(super) fn check_shutdown_complete(&mut self, out: &mut Vec<Action>) {
-        if self.shutdown.is_some() && self.replicas.is_empty() && !self.shutdown_reported {
+        if self.shutdown.is_some() && self.held.replicas().is_empty() && !self.shutdown_reported {
             self.shutdown_reported = true;
             out.push(Action::ShutdownComplete);
         }

@@ -62,8 +62,8 @@ mod reload;
 #[cfg(test)]
 mod reload_tests;
 mod replica;
-mod replicas;
 mod requests;
+mod reservations;
 mod scrape;
 mod scrape_error;
 mod sleep;

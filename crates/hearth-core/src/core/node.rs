@@ -5,14 +5,13 @@
 use std::collections::BTreeMap;
 
 use super::event::{Action, Event, LogLevel};
-use super::gpu::{GpuDevice, GpuTable};
+use super::gpu::GpuDevice;
 use super::model::{ModelState, Overrides};
 use super::policy::{Decision, Inputs};
-use super::ports::PortPool;
 use super::queue_signal::ModelSignal;
 use super::reload::Reloads;
 use super::replica::{ReplicaId, ReplicaState};
-use super::replicas::Replicas;
+use super::reservations::Reservations;
 use super::Time;
 use crate::config::Config;
 use crate::protocol::{ConfigFileView, Endpoint, UpgradeView, WatchEvent};
@@ -34,9 +33,8 @@ struct RoutedSet {
 pub struct Node {
     pub(super) config: Config,
     pub(super) models: BTreeMap<String, ModelState>,
-    pub(super) replicas: Replicas,
-    pub(super) gpus: GpuTable,
-    pub(super) ports: PortPool,
+    /// Replicas, their ports and GPU reservations: changed through its own methods only.
+    pub(super) held: Reservations,
     pub(super) shutdown: Option<ShutdownState>,
     pub(super) shutdown_reported: bool,
     pub(super) reloads: Reloads,
@@ -81,7 +79,7 @@ impl Node {
             })
             .collect();
         Node {
-            ports: PortPool::new(config.daemon.ports),
+            held: Reservations::new(config.daemon.ports, devices),
             config_file: ConfigFileView {
                 path: config.path.display().to_string(),
                 ..ConfigFileView::default()
@@ -89,8 +87,6 @@ impl Node {
             upgrade: None,
             config,
             models,
-            replicas: Replicas::default(),
-            gpus: GpuTable::new(devices),
             shutdown: None,
             shutdown_reported: false,
             reloads: Reloads::default(),
@@ -172,7 +168,8 @@ impl Node {
         // A sleeping replica wakes in seconds, not a cold start's minutes: the policy may call on
         // it as on a warm one when a cold start would come too late.
         let warm = self
-            .replicas
+            .held
+            .replicas()
             .of_model(model)
             .filter(|r| (r.promotable() || r.state == ReplicaState::Sleeping) && !self.departing(r))
             .count() as u32;
@@ -238,7 +235,8 @@ impl Node {
     pub(super) fn model_signal(&self, model: &str, now: Time) -> Option<ModelSignal> {
         let m = self.models.get(model)?;
         let routed = self
-            .replicas
+            .held
+            .replicas()
             .of_model(model)
             .filter(|r| r.state == ReplicaState::Routed)
             .map(|r| &r.signal);
@@ -250,7 +248,8 @@ impl Node {
     pub(super) fn routed_endpoints(&self, model: &str) -> Vec<Endpoint> {
         // Live: the configuration now, whatever spec the replica was launched from.
         let slots = self.models.get(model).map_or(1, |m| m.config.slots);
-        self.replicas
+        self.held
+            .replicas()
             .of_model(model)
             .filter(|r| r.state == ReplicaState::Routed)
             .filter_map(|r| {
@@ -277,7 +276,8 @@ impl Node {
             let set = RoutedSet {
                 slots: self.models.get(&name).map_or(1, |m| m.config.slots),
                 replicas: self
-                    .replicas
+                    .held
+                    .replicas()
                     .of_model(&name)
                     .filter(|r| r.state == ReplicaState::Routed)
                     .filter_map(|r| Some((r.id.clone(), r.port?)))
@@ -300,7 +300,8 @@ impl Node {
         }
         let mut was = published.replicas.iter();
         for r in self
-            .replicas
+            .held
+            .replicas()
             .of_model(model)
             .filter(|r| r.state == ReplicaState::Routed)
         {
@@ -316,7 +317,8 @@ impl Node {
     }
 
     pub(super) fn count(&self, model: &str, state: ReplicaState) -> u32 {
-        self.replicas
+        self.held
+            .replicas()
             .of_model(model)
             .filter(|r| r.state == state)
             .count() as u32

@@ -14,7 +14,7 @@ use super::node::Node;
 use super::placement::Want;
 use super::reconcile::STARTS_PER_EVENT;
 use super::replica::{Replica, ReplicaState};
-use super::replicas::Handle;
+use super::reservations::Handle;
 use super::Time;
 
 /// A pending replica's reason when every port of the range is handed out or passed over.
@@ -54,7 +54,8 @@ impl Node {
         // of a model no longer configured is never placed.) Held by handle: most stay pending,
         // and their ids are not copied for it.
         let mut pending: Vec<(i32, Time, u64, Handle, usize)> = self
-            .replicas
+            .held
+            .replicas()
             .unordered()
             .filter(|(_, r)| r.state == ReplicaState::Pending)
             // Departing: stopped by the next events (`reconcile_model`), never started.
@@ -72,7 +73,7 @@ impl Node {
             })
             .collect();
         // Ties (replicas of two models made at once with the same number) go by id.
-        let id_of = |h: Handle| self.replicas.at(h).map(|r| &r.id);
+        let id_of = |h: Handle| self.held.replicas().at(h).map(|r| &r.id);
         pending.sort_unstable_by(|a, b| {
             (a.0, a.1, a.2)
                 .cmp(&(b.0, b.1, b.2))
@@ -92,7 +93,7 @@ impl Node {
             let (Some(model), Some(this)) = (names.get(ix), pass.get_mut(ix)) else {
                 continue;
             };
-            if self.replicas.at(h).is_none() || this.placeable == Some(0) {
+            if self.held.replicas().at(h).is_none() || this.placeable == Some(0) {
                 continue;
             }
             this.reached = true;
@@ -105,7 +106,7 @@ impl Node {
                     "restart back-off: starts in {}",
                     crate::units::short_duration(wait)
                 );
-                if let Some(r) = self.replicas.at_mut(h) {
+                if let Some(r) = self.held.replicas_mut().at_mut(h) {
                     set_reason(r, &why);
                 }
                 continue;
@@ -116,7 +117,7 @@ impl Node {
             // or the first memory readings pending) is then waited for, never swapped for
             // another: `pack` still fills one device, and a multi-GPU set is never split.
             let nothing = BTreeSet::new();
-            let placed = match self.gpus.place(&Want::of(launch, &nothing)) {
+            let placed = match self.held.gpus().place(&Want::of(launch, &nothing)) {
                 Ok(p) => {
                     let wait = if p.devices.is_empty() {
                         None
@@ -128,7 +129,7 @@ impl Node {
                         p.devices.iter().find_map(|u| held.get(u)).cloned()
                     };
                     if let Some(wait) = wait {
-                        if let Some(r) = self.replicas.at_mut(h) {
+                        if let Some(r) = self.held.replicas_mut().at_mut(h) {
                             set_reason(r, &wait);
                         }
                         continue;
@@ -136,7 +137,7 @@ impl Node {
                     p
                 }
                 Err(why) => {
-                    let Some(id) = self.replicas.at(h).map(|r| r.id.clone()) else {
+                    let Some(id) = self.held.replicas().at(h).map(|r| r.id.clone()) else {
                         continue;
                     };
                     let why = match self.reclaim_for(&id, now, out) {
@@ -144,9 +145,9 @@ impl Node {
                             pass.iter_mut().for_each(|p| p.held = None);
                             format!("{why}; reclaiming the GPU of {victim}")
                         }
-                        None => why,
+                        None => why.to_string(),
                     };
-                    if let Some(r) = self.replicas.get_mut(&id) {
+                    if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                         set_reason(r, &why);
                     }
                     if let Some(this) = pass.get_mut(ix) {
@@ -156,24 +157,25 @@ impl Node {
                 }
             };
             self.note_unread(&placed.devices, out);
-            let Some(r) = self.replicas.at_mut(h) else {
+            if self.held.replicas().at(h).is_none() {
+                continue;
+            }
+            let port = ports_left
+                .then(|| self.held.place(h, &placed, exclusive))
+                .flatten();
+            let Some(r) = self.held.replicas_mut().at_mut(h) else {
                 continue;
             };
-            let Some(port) = ports_left.then(|| self.ports.take()).flatten() else {
+            if port.is_none() {
                 ports_left = false;
                 set_reason(r, NO_PORT);
                 if let Some(this) = pass.get_mut(ix) {
                     this.no_port = true;
                 }
                 continue;
-            };
-            r.set_port(Some(port));
-            r.gpus = placed.devices.clone();
-            r.gpu_bytes = placed.bytes;
+            }
             r.spawned_at = Some(now);
             let id = r.id.clone();
-            self.gpus
-                .reserve(&id, &placed.devices, placed.bytes, exclusive);
             if !placed.devices.is_empty() {
                 pass.iter_mut().for_each(|p| p.held = None);
             }

@@ -41,6 +41,57 @@ pub struct Placed {
     pub bytes: u64,
 }
 
+/// Why no set of devices takes a replica now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "needs {count} GPU(s) with {need}; {fit} of {devices} device(s) fit ({usable} healthy and \
+     uncordoned){}",
+    mig.map(|m| m.to_string()).unwrap_or_default()
+)]
+pub struct Unplaceable {
+    pub count: u32,
+    pub need: Need,
+    /// Devices that would take it.
+    pub fit: usize,
+    pub devices: usize,
+    /// Devices healthy and uncordoned.
+    pub usable: usize,
+    pub mig: Option<MigLeftOut>,
+}
+
+/// What a replica needs of each device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Free(u64),
+    /// A whole device, unshared (no `gpu_memory`).
+    Whole,
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Need::Free(b) => write!(f, "{} free", crate::units::short_bytes(*b)),
+            Need::Whole => f.write_str("a whole device"),
+        }
+    }
+}
+
+/// MIG instances that had room but cannot be used for this replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "; {count} MIG instance(s) left out: {}",
+    if *multi {
+        "a multi-GPU replica cannot use MIG instances (CUDA shows a process one)"
+    } else {
+        "device_naming = \"index\" cannot name MIG instances (set device_naming = \"uuid\")"
+    }
+)]
+pub struct MigLeftOut {
+    pub count: usize,
+    /// The replica takes several devices (else: named by index).
+    pub multi: bool,
+}
+
 /// Closeness of two devices for ranking sets: a link NVML reported, else the NUMA keys, else
 /// unknown (ranked last, so that known-close devices win and unknown ones keep their order).
 fn rank(a: &GpuSlot, b: &GpuSlot) -> u8 {
@@ -69,7 +120,7 @@ impl GpuTable {
     /// Chooses `want.count` devices with `want.bytes` free each (None: whole, unshared
     /// devices). `pack` fills the fullest device that fits, `spread` the emptiest; a multi-GPU
     /// replica takes the closest set, then the earliest in that order.
-    pub fn place(&self, want: &Want<'_>) -> Result<Placed, String> {
+    pub fn place(&self, want: &Want<'_>) -> Result<Placed, Unplaceable> {
         if want.count == 0 {
             return Ok(Placed {
                 devices: Vec::new(),
@@ -128,29 +179,21 @@ impl GpuTable {
         })
     }
 
-    fn why_not(&self, want: &Want<'_>, fit: usize, mig_left_out: usize) -> String {
-        let usable = self.slots.iter().filter(|s| s.accepts()).count();
-        let need = match want.bytes {
-            Some(b) => format!("{} free", crate::units::short_bytes(b)),
-            None => "a whole device".to_string(),
-        };
-        let mut why = format!(
-            "needs {} GPU(s) with {need}; {fit} of {} device(s) fit ({usable} healthy and \
-             uncordoned)",
-            want.count,
-            self.slots.len(),
-        );
-        if mig_left_out > 0 {
-            let reason = if want.count > 1 {
-                "a multi-GPU replica cannot use MIG instances (CUDA shows a process one)"
-            } else {
-                "device_naming = \"index\" cannot name MIG instances (set device_naming = \"uuid\")"
-            };
-            why.push_str(&format!(
-                "; {mig_left_out} MIG instance(s) left out: {reason}"
-            ));
+    fn why_not(&self, want: &Want<'_>, fit: usize, mig_left_out: usize) -> Unplaceable {
+        Unplaceable {
+            count: want.count,
+            need: match want.bytes {
+                Some(b) => Need::Free(b),
+                None => Need::Whole,
+            },
+            fit,
+            devices: self.slots.len(),
+            usable: self.slots.iter().filter(|s| s.accepts()).count(),
+            mig: (mig_left_out > 0).then_some(MigLeftOut {
+                count: mig_left_out,
+                multi: want.count > 1,
+            }),
         }
-        why
     }
 
     /// The `count` closest devices among `order` (indices into the table, in placement order):
@@ -264,12 +307,17 @@ mod tests {
         }
     }
 
-    fn place(t: &GpuTable, count: u32, gib: Option<u64>, p: Placement) -> Result<Placed, String> {
+    fn place(
+        t: &GpuTable,
+        count: u32,
+        gib: Option<u64>,
+        p: Placement,
+    ) -> Result<Placed, Unplaceable> {
         t.place(&want(count, gib.map(|g| g * GIB), p))
     }
 
     fn reserve(t: &mut GpuTable, id: &str, p: &Placed, whole: bool) {
-        t.reserve(&ReplicaId(id.into()), &p.devices, p.bytes, whole);
+        crate::core::reservations::book(t, &ReplicaId(id.into()), p, whole);
     }
 
     #[test]
@@ -292,7 +340,7 @@ mod tests {
             place(&t, 1, Some(60), Placement::Pack).unwrap().devices,
             vec!["GPU-1"]
         );
-        t.release(&ReplicaId("a-1".into()), &p.devices, p.bytes);
+        crate::core::reservations::unbook(&mut t, &ReplicaId("a-1".into()), &p);
         assert_eq!(t.slots[0].reserved, 0);
     }
 
@@ -319,7 +367,9 @@ mod tests {
         assert_eq!(p.devices.len(), 2);
         assert!(!p.devices.contains(&"GPU-2".to_string()));
         let err = place(&t, 3, Some(40), Placement::Pack).unwrap_err();
-        assert!(err.contains("needs 3 GPU(s)"), "{err}");
+        assert_eq!(err.count, 3);
+        assert_eq!(err.fit, 2);
+        assert!(err.to_string().contains("needs 3 GPU(s)"), "{err}");
         // The driver's reserve is never available: 80 − 1 reserved leaves 79.
         t.slots[0].driver_reserved = GIB;
         assert!(
@@ -429,13 +479,14 @@ mod tests {
             by_index: true,
             exclude: &none,
         });
-        let err = by_index.unwrap_err();
+        let err = by_index.unwrap_err().to_string();
         assert!(
             err.contains("2 MIG instance(s) left out") && err.contains("device_naming"),
             "{err}"
         );
         let err = place(&t, 2, Some(20), Placement::Pack).unwrap_err();
-        assert!(err.contains("multi-GPU"), "{err}");
+        assert_eq!(err.mig.map(|m| (m.count, m.multi)), Some((2, true)));
+        assert!(err.to_string().contains("multi-GPU"), "{err}");
         // Operators name MIG instances by UUID; an index names the whole device only.
         assert_eq!(t.find("1"), None);
         assert_eq!(t.find("MIG-1"), Some(2));
@@ -487,7 +538,7 @@ mod tests {
         assert_eq!(t.slots.len(), 2);
         // Another reading without it changes nothing more.
         assert_eq!(t.update(vec![dev(1, 80)]), Default::default());
-        t.release(&ReplicaId("a-1".into()), &p.devices, p.bytes);
+        crate::core::reservations::unbook(&mut t, &ReplicaId("a-1".into()), &p);
         assert_eq!(t.slots.len(), 1, "gone once nothing holds it");
         // A device with nothing on it just goes.
         assert_eq!(t.update(vec![]).dropped, vec!["GPU-1"]);

@@ -14,7 +14,7 @@ impl Node {
         total: u64,
         missing: &[String],
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         // A late report for a replica that has moved on (warm, stopping) changes nothing.

@@ -30,7 +30,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         r.probe_in_flight = false;
@@ -43,7 +43,7 @@ impl Node {
         if self.sleep_probed(id, kind, &o, now, out) {
             return;
         }
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         let Some(m) = self.models.get(&r.model) else {
@@ -166,7 +166,7 @@ impl Node {
         spec: ProbeSpec,
         out: &mut Vec<Action>,
     ) {
-        if let Some(r) = self.replicas.get_mut(id) {
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.probe_in_flight = true;
         }
         out.push(Action::Probe {
@@ -178,7 +178,7 @@ impl Node {
     }
 
     pub(super) fn probe_spec(&self, id: &ReplicaId, kind: ProbeKind) -> Option<ProbeSpec> {
-        let r = self.replicas.get(id)?;
+        let r = self.held.replicas().get(id)?;
         let m = self.models.get(&r.model)?;
         let vars = self.placeholders(r);
         let w = &m.config_of(&r.spec).launch.warmup;

@@ -21,7 +21,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         // Only the answer to the spawn this replica is waiting for: not one for a port it no
@@ -30,7 +30,7 @@ impl Node {
             return;
         }
         let (state, model) = (r.state, r.model.clone());
-        self.ports.hold_busy(port, now + BUSY_PORT_HOLD);
+        self.held.unplace(id, Some(now + BUSY_PORT_HOLD));
         let message = format!(
             "port {port} is in use by {holder}; passing it over for {} and trying another",
             short_duration(BUSY_PORT_HOLD)
@@ -40,22 +40,18 @@ impl Node {
             m.stalled = Some(message.clone());
         }
         if state == ReplicaState::Stopping {
-            // Asked to stop before it existed: there is nothing left to stop. `forget` frees
-            // its GPUs (and gives back a port the pool already passes over).
+            // Asked to stop before it existed: there is nothing left to stop (its port and
+            // GPUs were handed back above).
             self.forget(id, "never started: port busy", out);
             self.check_shutdown_complete(out);
             return;
         }
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
-        let gpus = std::mem::take(&mut r.gpus);
-        let bytes = std::mem::take(&mut r.gpu_bytes);
-        r.set_port(None);
         r.spawned_at = None;
-        self.gpus.release(id, &gpus, bytes);
         self.set_state(id, ReplicaState::Pending, now, out);
-        if let Some(r) = self.replicas.get_mut(id) {
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.reason = message.into();
         }
     }
@@ -63,7 +59,7 @@ impl Node {
     /// A round of usage samples. Replicas that are gone by now are skipped.
     pub(super) fn usage(&mut self, samples: Vec<(ReplicaId, Usage)>) {
         for (id, usage) in samples {
-            if let Some(r) = self.replicas.get_mut(&id) {
+            if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                 if r.pid.is_some() {
                     r.usage = usage;
                 }

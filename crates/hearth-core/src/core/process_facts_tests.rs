@@ -42,14 +42,14 @@ fn a_busy_port_is_passed_over_and_the_replica_starts_on_the_next_without_a_failu
     assert_eq!(again[0].replica, id, "the same replica, not a new one");
     assert_ne!(again[0].port, port);
     assert!(h.node.models["m"].failures.is_empty(), "not a failure");
-    assert!(h.node.ports.busy().any(|p| p == port));
+    assert!(h.node.held.ports().busy().any(|p| p == port));
     let logged = out.iter().any(|a| {
         matches!(a, Action::Log { message, .. } if message.contains(&format!("port {port} is in use by pid 4242")))
     });
     assert!(logged, "{out:?}");
     // The port is not handed out again while held, even when every other is taken...
     for _ in 0..200 {
-        if let Some(p) = h.node.ports.take() {
+        if let Some(p) = h.node.held.ports_mut().take() {
             assert_ne!(p, port);
         }
     }
@@ -64,7 +64,7 @@ fn a_busy_port_is_passed_over_and_the_replica_starts_on_the_next_without_a_failu
     h.advance(ports::BUSY_PORT_HOLD + Duration::from_secs(1));
     let mut seen = false;
     for _ in 0..200 {
-        if h.node.ports.take() == Some(s.port) {
+        if h.node.held.ports_mut().take() == Some(s.port) {
             seen = true;
             break;
         }
@@ -86,8 +86,11 @@ fn a_late_or_stale_port_busy_changes_nothing() {
         holder: "x".into(),
     });
     assert!(spawn_specs(&out).is_empty());
-    assert_eq!(h.node.replicas[&s.replica].state, ReplicaState::Starting);
-    assert_eq!(h.node.replicas[&s.replica].port, Some(s.port));
+    assert_eq!(
+        h.node.held.replicas()[&s.replica].state,
+        ReplicaState::Starting
+    );
+    assert_eq!(h.node.held.replicas()[&s.replica].port, Some(s.port));
     // Another port than the one it holds, or a replica that does not exist.
     let out = h.send(Event::PortBusy {
         replica: s.replica.clone(),
@@ -100,7 +103,7 @@ fn a_late_or_stale_port_busy_changes_nothing() {
         port: 1,
         holder: "x".into(),
     });
-    assert!(h.node.ports.busy().next().is_none());
+    assert!(h.node.held.ports().busy().next().is_none());
 }
 
 #[test]
@@ -113,9 +116,15 @@ fn a_replica_asked_to_stop_before_its_port_turned_out_busy_is_simply_gone() {
         port: s.port,
         holder: "x".into(),
     });
-    assert!(!h.node.replicas.contains_key(&s.replica));
+    assert!(!h.node.held.replicas().contains_key(&s.replica));
     assert!(out.contains(&Action::ShutdownComplete), "{out:?}");
-    assert!(h.node.gpus.views().iter().all(|g| g.replicas.is_empty()));
+    assert!(h
+        .node
+        .held
+        .gpus()
+        .views()
+        .iter()
+        .all(|g| g.replicas.is_empty()));
 }
 
 #[test]
@@ -226,7 +235,7 @@ fn warm_ups_and_rechecks_must_prove_their_listener_and_liveness_need_not() {
                 .into(),
         },
     });
-    assert_eq!(h.node.replicas[&id].state, ReplicaState::Starting);
+    assert_eq!(h.node.held.replicas()[&id].state, ReplicaState::Starting);
     let st = h.node.status(Some("m"), h.now);
     assert!(
         st.models[0].replicas[0]

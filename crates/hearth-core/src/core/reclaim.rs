@@ -20,7 +20,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) -> Option<ReplicaId> {
-        let r = self.replicas.get(id)?;
+        let r = self.held.replicas().get(id)?;
         let model = r.model.clone();
         let m = self.models.get(&model)?;
         let prio = m.config.priority;
@@ -31,7 +31,8 @@ impl Node {
             return None;
         }
         if let Some(v) = self
-            .replicas
+            .held
+            .replicas()
             .values()
             .find(|v| v.reclaimed_for.as_deref() == Some(model.as_str()))
         {
@@ -41,15 +42,13 @@ impl Node {
             .reclaim_candidates(&model, prio)
             .into_iter()
             .find(|v| {
-                let Some(v) = self.replicas.get(v) else {
+                let Some(trial) = self.held.gpus_without(v) else {
                     return false;
                 };
-                let mut trial = self.gpus.clone();
-                trial.release(&v.id, &v.gpus, v.gpu_bytes);
                 let none = std::collections::BTreeSet::new();
                 trial.place(&Want::of(&launch, &none)).is_ok()
             })?;
-        let v = self.replicas.get_mut(&victim)?;
+        let v = self.held.replicas_mut().get_mut(&victim)?;
         v.reclaimed_for = Some(model.clone());
         let (vmodel, vstate) = (v.model.clone(), v.state);
         let why = format!("GPU reclaimed by model {model} (priority {prio})");
@@ -87,7 +86,7 @@ impl Node {
     fn reclaim_candidates(&self, model: &str, prio: i32) -> Vec<ReplicaId> {
         let mut warm: Vec<(i32, u64, ReplicaId)> = Vec::new();
         let mut routed: Vec<(i32, u64, ReplicaId)> = Vec::new();
-        for r in self.replicas.values() {
+        for r in self.held.replicas().values() {
             if r.model == model || r.gpus.is_empty() || r.reclaimed_for.is_some() {
                 continue;
             }

@@ -73,7 +73,7 @@ impl Node {
 
     pub(super) fn counts(&self, model: &str) -> Counts {
         let mut c = Counts::default();
-        for r in self.replicas.of_model(model) {
+        for r in self.held.replicas().of_model(model) {
             match r.state {
                 ReplicaState::Routed if self.departing(r) => c.leaving += 1,
                 // Stopped within a few events (`reconcile_model`): no capacity, none coming.
@@ -179,7 +179,8 @@ impl Node {
         // routed again, not the pool.
         let mut c = self.counts(name);
         let verifying = self
-            .replicas
+            .held
+            .replicas()
             .of_model(name)
             .filter(|r| r.state == ReplicaState::Starting && r.was_routed)
             .count() as u32;
@@ -201,11 +202,12 @@ impl Node {
                 break;
             };
             let warm_before = self
-                .replicas
+                .held
+                .replicas()
                 .get(&id)
                 .is_some_and(|r| r.since_event < self.events);
             self.set_state(&id, ReplicaState::Routed, now, out);
-            if let Some(r) = self.replicas.get_mut(&id) {
+            if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                 r.next_probe = now;
             }
             c.routed += 1;
@@ -289,7 +291,7 @@ impl Node {
             };
             if c.warm < fill {
                 self.set_state(&id, ReplicaState::Warm, now, out);
-                if let Some(r) = self.replicas.get_mut(&id) {
+                if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                     r.next_probe = now + recheck;
                 }
                 c.warm += 1;
@@ -303,7 +305,7 @@ impl Node {
             } else if hold > c.routed - 1 + c.warm + c.starting + c.pending + c.waking + c.sleeping
             {
                 self.begin_drain(&id, "scale down: to sleep once drained", now, out);
-                if let Some(r) = self.replicas.get_mut(&id) {
+                if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                     r.then_sleep = true;
                 }
                 c.sleeping += 1;
@@ -411,7 +413,7 @@ impl Node {
     /// from.
     pub(super) fn departing(&self, r: &Replica) -> bool {
         r.drain_asked
-            || self.gpus.leaving(&r.gpus)
+            || self.held.gpus().leaving(&r.gpus)
             || self
                 .models
                 .get(&r.model)
@@ -420,7 +422,7 @@ impl Node {
 
     /// The oldest (or newest) replica of the model that matches.
     fn pick(&self, model: &str, f: impl Fn(&Replica) -> bool, newest: bool) -> Option<ReplicaId> {
-        let it = self.replicas.of_model(model).filter(|r| f(r));
+        let it = self.held.replicas().of_model(model).filter(|r| f(r));
         let r = if newest {
             it.max_by_key(|r| r.n)
         } else {
@@ -438,7 +440,8 @@ impl Node {
         key: impl Fn(&Replica) -> K,
     ) -> Vec<ReplicaId> {
         let mut v: Vec<(K, ReplicaId)> = self
-            .replicas
+            .held
+            .replicas()
             .of_model(model)
             .filter(|r| f(r))
             .map(|r| (key(r), r.id.clone()))
@@ -461,7 +464,8 @@ impl Node {
         }
         // The walk's position breaks ties, as `ranked`'s stable sort does.
         let mut v: Vec<(K, usize, &ReplicaId)> = self
-            .replicas
+            .held
+            .replicas()
             .of_model(model)
             .filter(|r| f(r))
             .enumerate()
@@ -484,7 +488,7 @@ impl Node {
         };
         let mut n = m.next_n;
         // Never an id in use (an adopted replica's whose record said little).
-        while self.replicas.contains_key(&ReplicaId::new(model, n)) {
+        while self.held.replicas().contains_key(&ReplicaId::new(model, n)) {
             n += 1;
         }
         m.next_n = n + 1;
@@ -493,7 +497,7 @@ impl Node {
         let globs = spec.prefetch.clone();
         let r = Replica::new(model, n, spec, now, restarts);
         let id = r.id.clone();
-        self.replicas.insert(r);
+        self.held.add(r);
         if !globs.is_empty() {
             out.push(Action::Prefetch {
                 replica: id.clone(),
@@ -509,7 +513,7 @@ impl Node {
     }
 
     pub(super) fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
-        let r = self.replicas.get(id)?;
+        let r = self.held.replicas().get(id)?;
         // The configuration the replica was made from: during a rollout, old or new.
         let model_config = self.models.get(&r.model)?.config_of(&r.spec);
         let c = &model_config.launch;
@@ -524,7 +528,8 @@ impl Node {
             DeviceNaming::Uuid => env.push(("CUDA_VISIBLE_DEVICES".into(), uuids.join(","))),
             DeviceNaming::Index => {
                 let indices: Vec<String> = self
-                    .gpus
+                    .held
+                    .gpus()
                     .indices(&uuids)
                     .iter()
                     .map(u32::to_string)
@@ -564,9 +569,9 @@ impl Node {
         let Some(deadline) = self.shutdown.as_ref().map(|s| s.deadline) else {
             return;
         };
-        let ids: Vec<ReplicaId> = self.replicas.keys().cloned().collect();
+        let ids: Vec<ReplicaId> = self.held.replicas().keys().cloned().collect();
         for id in ids {
-            let Some(r) = self.replicas.get(&id) else {
+            let Some(r) = self.held.replicas().get(&id) else {
                 continue;
             };
             match r.state {
@@ -584,7 +589,7 @@ impl Node {
                         .map(|m| m.config.stop_grace)
                         .unwrap_or_default();
                     let limit = deadline - grace;
-                    if let Some(r) = self.replicas.get_mut(&id) {
+                    if let Some(r) = self.held.replicas_mut().get_mut(&id) {
                         r.deadline = r.deadline.map(|d| d.min(limit));
                     }
                 }

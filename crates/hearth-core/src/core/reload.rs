@@ -250,11 +250,11 @@ impl Node {
                     out,
                 );
             }
-            if !self.replicas.has_model(&name) {
+            if !self.held.replicas().has_model(&name) {
                 self.models.remove(&name);
             }
         }
-        self.ports.set_range(config.daemon.ports);
+        self.held.set_port_range(config.daemon.ports);
         self.config = config;
     }
 
@@ -264,7 +264,13 @@ impl Node {
             return;
         };
         let Some(r) = &m.rollout else { return };
-        if r.halted.is_some() || self.replicas.of_model(model).any(|x| x.spec != m.spec) {
+        if r.halted.is_some()
+            || self
+                .held
+                .replicas()
+                .of_model(model)
+                .any(|x| x.spec != m.spec)
+        {
             return;
         }
         let version = m.config.launch.version.clone();

@@ -106,7 +106,7 @@ impl Node {
                 })
             }
             Request::Gpus {} => Ok(Response::Gpus {
-                gpus: self.gpus.views(),
+                gpus: self.held.gpus().views(),
             }),
             Request::Watch { model } => {
                 if let Some(m) = &model {
@@ -209,13 +209,15 @@ impl Node {
     fn replica_of_peer(&self, peer: &Peer) -> Option<&ReplicaId> {
         if let Some(id) = &peer.replica {
             return self
-                .replicas
+                .held
+                .replicas()
                 .get(id)
                 .filter(|r| r.pid.is_some())
                 .map(|r| &r.id);
         }
         let pgid = peer.pgid?;
-        self.replicas
+        self.held
+            .replicas()
             .values()
             .find(|r| r.pid == Some(pgid))
             .map(|r| &r.id)
@@ -267,7 +269,8 @@ impl Node {
         }
         if let Some(rid) = &target {
             let r = self
-                .replicas
+                .held
+                .replicas()
                 .get(rid)
                 .ok_or_else(|| no_replica(rid.as_str()))?;
             if r.model != report.model {
@@ -310,7 +313,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         let served = r.signal.record(sample);
@@ -321,7 +324,7 @@ impl Node {
                 m.autoscaler.observe_served(now, done, busy);
             }
         }
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         if r.state == ReplicaState::Draining && sample.in_flight == 0 && sample.queue_depth == 0 {
@@ -346,7 +349,7 @@ impl Node {
         out: &mut Vec<Action>,
     ) -> Result<(), Failure> {
         let rid = ReplicaId(id.to_string());
-        let Some(r) = self.replicas.get(&rid) else {
+        let Some(r) = self.held.replicas().get(&rid) else {
             return Err(no_replica(id));
         };
         match r.state {
@@ -359,7 +362,8 @@ impl Node {
                     .map_or(0, |m| m.routed_min());
                 // Routed replicas that stay: not this one, nor others already on their way out.
                 let staying = self
-                    .replicas
+                    .held
+                    .replicas()
                     .of_model(&model)
                     .filter(|x| x.state == ReplicaState::Routed)
                     .filter(|x| x.id != rid && !self.departing(x))
@@ -375,7 +379,7 @@ impl Node {
                              drains it anyway"
                         ),
                     ));
-                } else if let Some(r) = self.replicas.get_mut(&rid) {
+                } else if let Some(r) = self.held.replicas_mut().get_mut(&rid) {
                     r.drain_asked = true;
                     r.reason =
                         format!("drain asked: drains once a replacement is routed (min {min})")
@@ -408,23 +412,25 @@ impl Node {
     /// Whether a replica of `model` can take a routed one's place: a warm one to promote, one
     /// already starting, or room for a new one (GPUs and a port) beside the replicas running now.
     fn replacement_possible(&self, model: &str) -> Result<(), String> {
-        let ready_or_coming = self
-            .replicas
-            .of_model(model)
-            .any(|r| !self.departing(r) && (r.promotable() || r.state == ReplicaState::Starting));
+        let ready_or_coming =
+            self.held.replicas().of_model(model).any(|r| {
+                !self.departing(r) && (r.promotable() || r.state == ReplicaState::Starting)
+            });
         if ready_or_coming {
             return Ok(());
         }
         let Some(m) = self.models.get(model) else {
             return Err("the model is gone".into());
         };
-        if self.ports.free() == 0 {
+        if self.held.ports().free() == 0 {
             return Err("no free port in daemon.ports".into());
         }
         let nothing = std::collections::BTreeSet::new();
-        self.gpus
+        self.held
+            .gpus()
             .place(&super::placement::Want::of(m.launch_spec(), &nothing))
             .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn scale_request(

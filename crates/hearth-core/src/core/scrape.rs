@@ -13,7 +13,7 @@ use super::Time;
 impl Node {
     /// Asks for the scrapes that are due (called on every tick).
     pub(super) fn schedule_scrapes(&mut self, now: Time, out: &mut Vec<Action>) {
-        for r in self.replicas.values_mut() {
+        for r in self.held.replicas_mut().values_mut() {
             if !matches!(r.state, ReplicaState::Routed | ReplicaState::Draining)
                 || r.scrape_in_flight
                 || now < r.scrape_next
@@ -57,7 +57,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         r.scrape_in_flight = false;
@@ -78,7 +78,7 @@ impl Node {
         if self.admit_signal(&model, None, now, out) != Admitted::Own {
             return;
         }
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         let bound_ms = oldest_wait_bound(r, q.queue_depth, now);
@@ -210,14 +210,18 @@ mod tests {
     }
 
     fn last_wait(h: &Harness, id: &ReplicaId) -> f64 {
-        h.node.replicas[id].signal.last().unwrap().oldest_wait_ms
+        h.node.held.replicas()[id]
+            .signal
+            .last()
+            .unwrap()
+            .oldest_wait_ms
     }
 
     #[test]
     fn only_routed_replicas_are_scraped_one_request_at_a_time() {
         let (mut h, r) = running();
         let out = h.advance(Duration::from_millis(250));
-        let port = h.node.replicas[&r].port.unwrap();
+        let port = h.node.held.replicas()[&r].port.unwrap();
         assert_eq!(
             scrapes(&out),
             vec![(
@@ -338,7 +342,7 @@ mod tests {
     fn a_failing_scrape_is_no_signal_and_is_logged_once_per_episode() {
         let (mut h, r) = running();
         answer(&mut h, &r, Ok(ScrapedQueue::default()));
-        let samples = h.node.replicas[&r].signal.history.len();
+        let samples = h.node.held.replicas()[&r].signal.history.len();
         let mut logged = Vec::new();
         for _ in 0..5 {
             h.now = h.now + Duration::from_millis(250);
@@ -346,7 +350,7 @@ mod tests {
         }
         assert_eq!(logged.len(), 1, "{logged:?}");
         assert!(logged[0].contains("connection refused"), "{logged:?}");
-        assert_eq!(h.node.replicas[&r].signal.history.len(), samples);
+        assert_eq!(h.node.held.replicas()[&r].signal.history.len(), samples);
         answer(&mut h, &r, Ok(ScrapedQueue::default()));
         let again = warns(&answer(
             &mut h,

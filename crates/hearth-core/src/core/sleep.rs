@@ -26,7 +26,7 @@ const LEAST_TIMEOUT: Duration = Duration::from_millis(10);
 
 impl Node {
     fn sleep_config(&self, id: &ReplicaId) -> Option<&SleepConfig> {
-        let r = self.replicas.get(id)?;
+        let r = self.held.replicas().get(id)?;
         self.models.get(&r.model)?.config.sleep.as_ref()
     }
 
@@ -38,7 +38,7 @@ impl Node {
         expect_body: Option<String>,
         now: Time,
     ) -> Option<ProbeSpec> {
-        let r = self.replicas.get(id)?;
+        let r = self.held.replicas().get(id)?;
         let vars = self.placeholders(r);
         let left = r.deadline.map_or(LEAST_TIMEOUT, |d| d.since(now));
         Some(ProbeSpec {
@@ -67,7 +67,7 @@ impl Node {
             return;
         };
         if self.enter_phase(id, ReplicaState::FallingAsleep, timeout, why, now, out) {
-            if let Some(r) = self.replicas.get_mut(id) {
+            if let Some(r) = self.held.replicas_mut().get_mut(id) {
                 r.then_sleep = false;
             }
             self.log_replica(id, format!("falling asleep: {why}"), out);
@@ -86,11 +86,11 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) -> bool {
-        if !self.replicas.contains_key(id) {
+        if !self.held.replicas().contains_key(id) {
             return false;
         }
         self.set_state(id, state, now, out);
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return false;
         };
         r.sleep_step = 0;
@@ -100,14 +100,15 @@ impl Node {
     }
 
     fn log_replica(&self, id: &ReplicaId, line: String, out: &mut Vec<Action>) {
-        if let Some(r) = self.replicas.get(id) {
+        if let Some(r) = self.held.replicas().get(id) {
             self.log(LogLevel::Info, &r.model, Some(id), line, out);
         }
     }
 
     /// A replica's warm-up recheck interval: when a woken or sleeping one is next looked at.
     fn recheck_of(&self, id: &ReplicaId) -> Duration {
-        self.replicas
+        self.held
+            .replicas()
             .get(id)
             .and_then(|r| {
                 let m = self.models.get(&r.model)?;
@@ -121,7 +122,7 @@ impl Node {
         let Some(s) = self.sleep_config(id) else {
             return;
         };
-        let step = self.replicas.get(id).map_or(0, |r| r.sleep_step);
+        let step = self.held.replicas().get(id).map_or(0, |r| r.sleep_step);
         if let Some(req) = s.sleep.get(step).cloned() {
             if let Some(spec) = self.sleep_spec(id, &req, None, now) {
                 self.send_probe(id, ProbeKind::Sleep, after, spec, out);
@@ -136,13 +137,13 @@ impl Node {
     }
 
     fn asleep(&mut self, id: &ReplicaId, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let (model, took) = (r.model.clone(), now.since(r.since));
         let recheck = self.recheck_of(id);
         self.set_state(id, ReplicaState::Sleeping, now, out);
-        if let Some(r) = self.replicas.get_mut(id) {
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.next_probe = now + recheck;
         }
         self.log(
@@ -166,7 +167,7 @@ impl Node {
             return;
         };
         if self.enter_phase(id, ReplicaState::Waking, timeout, why, now, out) {
-            if let Some(r) = self.replicas.get_mut(id) {
+            if let Some(r) = self.held.replicas_mut().get_mut(id) {
                 r.wake_started = Some(now);
             }
             self.log_replica(id, format!("waking: {why}"), out);
@@ -179,7 +180,7 @@ impl Node {
         let Some(s) = self.sleep_config(id) else {
             return;
         };
-        let step = self.replicas.get(id).map_or(0, |r| r.sleep_step);
+        let step = self.held.replicas().get(id).map_or(0, |r| r.sleep_step);
         if let Some(req) = s.wake.get(step).cloned() {
             if let Some(spec) = self.sleep_spec(id, &req, None, now) {
                 self.send_probe(id, ProbeKind::Wake, after, spec, out);
@@ -198,7 +199,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) -> bool {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return false;
         };
         let (state, step) = (r.state, r.sleep_step);
@@ -217,7 +218,7 @@ impl Node {
                 if o.ok {
                     self.asleep(id, now, out);
                 } else {
-                    if let Some(r) = self.replicas.get_mut(id) {
+                    if let Some(r) = self.held.replicas_mut().get_mut(id) {
                         r.last_probe_error = o.detail.clone();
                     }
                     self.sleep_next(id, SLEEP_POLL, now, out);
@@ -237,7 +238,7 @@ impl Node {
                 if o.ok {
                     self.woken(id, now, out);
                 } else {
-                    if let Some(r) = self.replicas.get_mut(id) {
+                    if let Some(r) = self.held.replicas_mut().get_mut(id) {
                         r.last_probe_error = o.detail.clone();
                         r.reason = format!("waking: warm-up: {}", o.detail).into();
                     }
@@ -261,7 +262,7 @@ impl Node {
     }
 
     fn next_step(&mut self, id: &ReplicaId) {
-        if let Some(r) = self.replicas.get_mut(id) {
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.sleep_step += 1;
             r.last_probe_error.clear();
         }
@@ -278,14 +279,14 @@ impl Node {
     }
 
     fn woken(&mut self, id: &ReplicaId, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let model = r.model.clone();
         let took = now.since(r.wake_started.unwrap_or(r.since));
         let recheck = self.recheck_of(id);
         self.set_state(id, ReplicaState::Warm, now, out);
-        if let Some(r) = self.replicas.get_mut(id) {
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.next_probe = now + recheck;
             r.wake_started = None;
             r.last_probe_error.clear();
@@ -309,7 +310,8 @@ impl Node {
 
     fn wake_failed(&mut self, id: &ReplicaId, why: &str, now: Time, out: &mut Vec<Action>) {
         if let Some(m) = self
-            .replicas
+            .held
+            .replicas()
             .get(id)
             .map(|r| r.model.clone())
             .and_then(|name| self.models.get_mut(&name))
@@ -328,7 +330,7 @@ impl Node {
         now: Time,
         out: &mut Vec<Action>,
     ) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let threshold = self
@@ -337,7 +339,7 @@ impl Node {
             .and_then(|m| m.config.liveness.as_ref())
             .map_or(DEFAULT_PROBE_FAILURES, |l| l.failures);
         let model = r.model.clone();
-        let Some(r) = self.replicas.get_mut(id) else {
+        let Some(r) = self.held.replicas_mut().get_mut(id) else {
             return;
         };
         if o.ok {
@@ -370,7 +372,7 @@ impl Node {
     /// The tick's part for a replica falling asleep, asleep, or waking: its deadline, or its
     /// health check when due.
     pub(super) fn sleep_tick(&mut self, id: &ReplicaId, now: Time, out: &mut Vec<Action>) {
-        let Some(r) = self.replicas.get(id) else {
+        let Some(r) = self.held.replicas().get(id) else {
             return;
         };
         let Some(m) = self.models.get(&r.model) else {
@@ -421,7 +423,7 @@ impl Node {
                 let Some(spec) = spec else {
                     return;
                 };
-                if let Some(r) = self.replicas.get_mut(id) {
+                if let Some(r) = self.held.replicas_mut().get_mut(id) {
                     r.next_probe = now + every;
                 }
                 self.send_probe(id, kind, Duration::ZERO, spec, out);
@@ -431,7 +433,8 @@ impl Node {
     }
 
     fn warmup_timeout(&self, id: &ReplicaId) -> Duration {
-        self.replicas
+        self.held
+            .replicas()
             .get(id)
             .and_then(|r| {
                 let m = self.models.get(&r.model)?;

@@ -68,7 +68,7 @@ fn fall_asleep(h: &mut Harness, id: &ReplicaId) {
     assert_eq!(state.len(), 1, "{out:?}");
     assert!(state[0].1.ends_with("/is_sleeping"), "{state:?}");
     answer(h, id, ProbeKind::SleepState, ok());
-    assert_eq!(h.node.replicas[id].state, ReplicaState::Sleeping);
+    assert_eq!(h.node.held.replicas()[id].state, ReplicaState::Sleeping);
 }
 
 fn status_of(h: &Harness) -> crate::protocol::ModelView {
@@ -122,10 +122,16 @@ fn a_scale_up_wakes_sleeping_replicas_before_any_cold_start() {
     h.now = h.now + Duration::from_secs(2);
     let out = answer(&mut h, &asleep[0], ProbeKind::Wake, ok());
     assert_eq!(probes(&out, ProbeKind::Warmup).len(), 1, "{out:?}");
-    assert_eq!(h.node.replicas[&asleep[0]].state, ReplicaState::Waking);
+    assert_eq!(
+        h.node.held.replicas()[&asleep[0]].state,
+        ReplicaState::Waking
+    );
     h.now = h.now + Duration::from_millis(500);
     let out = answer(&mut h, &asleep[0], ProbeKind::Warmup, ok());
-    assert_eq!(h.node.replicas[&asleep[0]].state, ReplicaState::Routed);
+    assert_eq!(
+        h.node.held.replicas()[&asleep[0]].state,
+        ReplicaState::Routed
+    );
     assert!(out.contains(&Action::Ready {
         model: "m".into(),
         replica: asleep[0].clone(),
@@ -164,10 +170,13 @@ fn a_replica_that_leaves_the_routed_set_drains_then_sleeps() {
     );
     // One still has work in flight: it drains first.
     h.report("m", Some(draining[0].as_str()), 0.0, 0, 1);
-    assert_eq!(h.node.replicas[&draining[0]].state, ReplicaState::Draining);
+    assert_eq!(
+        h.node.held.replicas()[&draining[0]].state,
+        ReplicaState::Draining
+    );
     h.report("m", Some(draining[0].as_str()), 0.0, 0, 0);
     assert_eq!(
-        h.node.replicas[&draining[0]].state,
+        h.node.held.replicas()[&draining[0]].state,
         ReplicaState::FallingAsleep
     );
     fall_asleep(&mut h, &draining[0]);
@@ -238,7 +247,7 @@ fn a_failed_sleep_request_stops_the_replica_and_says_why() {
         bad("HTTP 404: no route"),
     );
     assert_eq!(signals(&out, StopSignal::Term), vec![falling[0].clone()]);
-    let r = &h.node.replicas[&falling[0]];
+    let r = &h.node.held.replicas()[&falling[0]];
     assert_eq!(r.state, ReplicaState::Stopping);
     assert!(r.reason.contains("sleep request 1"), "{}", r.reason);
     assert!(r.reason.contains("/sleep?level=1"), "{}", r.reason);
@@ -260,7 +269,7 @@ fn a_sleep_that_passes_sleep_timeout_stops_the_replica() {
     assert!(signals(&out, StopSignal::Term).is_empty());
     let out = h.run_for(Duration::from_millis(1500));
     assert_eq!(signals(&out, StopSignal::Term), vec![falling[0].clone()]);
-    let r = &h.node.replicas[&falling[0]];
+    let r = &h.node.held.replicas()[&falling[0]];
     assert!(
         r.reason.contains("within sleep_timeout (5.0s)"),
         "{}",
@@ -288,7 +297,7 @@ fn a_state_that_never_says_asleep_is_a_sleep_timeout() {
         h.send(Event::Tick);
     }
     assert!(asked >= 19, "asked again until the deadline: {asked}");
-    let r = &h.node.replicas[&id];
+    let r = &h.node.held.replicas()[&id];
     assert_eq!(r.state, ReplicaState::Stopping);
     assert!(r.reason.contains("is_sleeping"), "{}", r.reason);
 }
@@ -305,7 +314,7 @@ fn a_failed_wake_stops_the_replica_and_the_reconciler_replaces_it() {
         bad("HTTP 500 (expected 2xx): engine dead"),
     );
     assert_eq!(signals(&out, StopSignal::Term), vec![asleep[0].clone()]);
-    let r = &h.node.replicas[&asleep[0]];
+    let r = &h.node.held.replicas()[&asleep[0]];
     assert!(r.reason.contains("wake request 1"), "{}", r.reason);
     assert!(r.reason.contains("engine dead"), "{}", r.reason);
     // The other sleeping replica is woken in its place, not a cold start.
@@ -332,10 +341,10 @@ fn a_wake_whose_warm_up_does_not_pass_within_wake_timeout_stops_it() {
         assert_eq!(probes(&out, ProbeKind::Warmup).len(), 1, "tried again");
         h.send(Event::Tick);
     }
-    assert_eq!(h.node.replicas[&id].state, ReplicaState::Waking);
+    assert_eq!(h.node.held.replicas()[&id].state, ReplicaState::Waking);
     let out = h.advance(Duration::from_millis(1500));
     assert!(signals(&out, StopSignal::Term).contains(&id), "{out:?}");
-    let r = &h.node.replicas[&id];
+    let r = &h.node.held.replicas()[&id];
     assert!(
         r.reason.contains("within wake_timeout (10.0s)"),
         "{}",
@@ -373,7 +382,7 @@ fn a_sleeping_replica_is_checked_by_its_state_request_not_the_warm_up() {
             bad(r#""is_sleeping":false"#),
         );
     }
-    let r = &h.node.replicas[&id];
+    let r = &h.node.held.replicas()[&id];
     assert_eq!(r.state, ReplicaState::Stopping);
     assert!(r.reason.contains("failed 3 times"), "{}", r.reason);
 }
@@ -386,7 +395,10 @@ fn shutdown_stops_sleeping_replicas() {
     for id in &asleep {
         assert!(stopped.contains(id), "{out:?}");
     }
-    assert_eq!(h.node.replicas[&routed].state, ReplicaState::Draining);
+    assert_eq!(
+        h.node.held.replicas()[&routed].state,
+        ReplicaState::Draining
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ impl Node {
         let alone = |m: &str| self.models.get(m).is_some_and(|m| m.config.start_alone);
         let this_alone = alone(model);
         let mut held = BTreeMap::new();
-        for r in self.replicas.values() {
+        for r in self.held.replicas().values() {
             // A start profiles the device's free memory; a stop frees memory under it.
             let (hold, doing) = match r.state {
                 ReplicaState::Starting => (this_alone || alone(&r.model), "starting"),
@@ -45,7 +45,8 @@ impl Node {
             // not read yet, and a multi-GPU set chosen among the devices read so far could
             // split a set that belongs together (an NVLink pair).
             let unread: Vec<&str> = self
-                .gpus
+                .held
+                .gpus()
                 .slots
                 .iter()
                 .filter(|s| s.device.metered && s.memory_used.is_none())
@@ -56,7 +57,7 @@ impl Node {
                     "waiting for the first memory reading of GPU {}",
                     unread.join(", ")
                 );
-                for s in &self.gpus.slots {
+                for s in &self.held.gpus().slots {
                     held.entry(s.device.uuid.clone())
                         .or_insert_with(|| why.clone());
                 }
@@ -73,7 +74,8 @@ impl Node {
         let unread: Vec<String> = devices
             .iter()
             .filter(|u| {
-                self.gpus
+                self.held
+                    .gpus()
                     .slot(u)
                     .is_some_and(|s| s.device.metered && s.memory_used.is_none())
             })

@@ -27,7 +27,8 @@ impl Node {
         let stalled = m.stalled.as_deref()?;
         // What the replicas wait for now (a back-off, a port), where it says more.
         let waiting = self
-            .replicas
+            .held
+            .replicas()
             .of_model(m.name())
             .filter(|r| r.state == ReplicaState::Pending && !r.reason.is_empty())
             .map(|r| &*r.reason)
@@ -47,7 +48,7 @@ impl Node {
             .collect();
         StatusView {
             models,
-            gpus: self.gpus.views(),
+            gpus: self.held.gpus().views(),
             daemon: Box::new(self.daemon_view()),
         }
     }
@@ -87,8 +88,12 @@ impl Node {
         // "m-10" comes before "m-2"); `n` is unique within a model, so an unstable sort. Sorted
         // with their `n` beside them: a comparison that read it from the replica would miss the
         // cache twice (a fifth of a status of a thousand replicas).
-        let mut by_n: Vec<(u64, &Replica)> =
-            self.replicas.of_model(name).map(|r| (r.n, r)).collect();
+        let mut by_n: Vec<(u64, &Replica)> = self
+            .held
+            .replicas()
+            .of_model(name)
+            .map(|r| (r.n, r))
+            .collect();
         by_n.sort_unstable_by_key(|&(n, _)| n);
         let replicas: Vec<&Replica> = by_n.into_iter().map(|(_, r)| r).collect();
         let draining = replicas

@@ -299,10 +299,10 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
         !drained_sets.last().unwrap().contains(&r.0),
         "unrouted first"
     );
-    assert_eq!(h.node.replicas[&r].state, ReplicaState::Draining);
+    assert_eq!(h.node.held.replicas()[&r].state, ReplicaState::Draining);
     h.report("m", Some(&r.0), 0.0, 0, 3);
     assert_eq!(
-        h.node.replicas[&r].state,
+        h.node.held.replicas()[&r].state,
         ReplicaState::Draining,
         "work in flight: keep waiting"
     );
@@ -316,7 +316,7 @@ fn drain_unroutes_waits_for_in_flight_work_then_stops() {
         1
     );
     let out = h.exit(&r, crate::core::ExitStatus::Code(0));
-    assert!(!h.node.replicas.contains_key(&r));
+    assert!(!h.node.held.replicas().contains_key(&r));
     assert_eq!(
         h.node.models["m"].failures.len(),
         0,
@@ -471,7 +471,13 @@ fn no_two_live_replicas_share_a_port() {
         // The replacement starts while the old process is still stopping.
         let out = h.log[before..].to_vec();
         assert_eq!(spawns(&out), 1);
-        let live: Vec<u16> = h.node.replicas.values().filter_map(|r| r.port).collect();
+        let live: Vec<u16> = h
+            .node
+            .held
+            .replicas()
+            .values()
+            .filter_map(|r| r.port)
+            .collect();
         let mut uniq = live.clone();
         uniq.sort();
         uniq.dedup();
@@ -523,7 +529,11 @@ fn reports_are_authorised_by_role_or_by_process_group() {
         "naming no replica means itself"
     );
     assert_eq!(
-        h.node.replicas[&r].signal.last().unwrap().oldest_wait_ms,
+        h.node.held.replicas()[&r]
+            .signal
+            .last()
+            .unwrap()
+            .oldest_wait_ms,
         1.0
     );
     let reader = Peer {

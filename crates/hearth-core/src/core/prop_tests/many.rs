@@ -21,7 +21,8 @@ fn hundreds_starting() -> World {
     }
     let starting = w
         .node
-        .replicas
+        .held
+        .replicas()
         .of_model("a")
         .filter(|r| r.state == ReplicaState::Starting && &*r.version == "1")
         .count();
@@ -63,7 +64,7 @@ fn a_scale_down_from_hundreds_stops_exactly_a_batch_in_one_event() {
     assert_eq!(w.most_idle_stops, batch, "one event, one batch");
     w.behave(Duration::from_secs(15 * 60));
     w.check_min_routed();
-    assert_eq!(w.node.replicas.of_model("a").count(), 1);
+    assert_eq!(w.node.held.replicas().of_model("a").count(), 1);
 }
 
 /// A new version rolled out over six batches' worth of replicas still starting: the reload's
@@ -78,7 +79,8 @@ fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
     assert_eq!(w.most_idle_stops, batch, "the reload's event: one batch");
     let left = |w: &World| {
         w.node
-            .replicas
+            .held
+            .replicas()
             .of_model("a")
             .filter(|r| w.node.idle_departing(r))
             .count()
@@ -96,7 +98,7 @@ fn a_rollout_over_hundreds_stops_a_batch_per_event_and_completes() {
     assert_eq!(left(&w), 0);
     w.behave(Duration::from_secs(15 * 60));
     w.check_min_routed();
-    let a: Vec<_> = w.node.replicas.of_model("a").collect();
+    let a: Vec<_> = w.node.held.replicas().of_model("a").collect();
     assert!(
         a.iter().all(|r| &*r.version == "2"),
         "every replica of version 2"

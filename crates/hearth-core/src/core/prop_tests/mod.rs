@@ -80,7 +80,8 @@ fn peer(w: &World, p: u8) -> Peer {
         .is_multiple_of(3)
         .then(|| {
             w.node
-                .replicas
+                .held
+                .replicas()
                 .values()
                 .filter_map(|r| r.pid)
                 .nth(usize::from(p) / 4)
@@ -110,7 +111,7 @@ fn model_name(w: &World, m: u8) -> String {
 
 /// A live replica by number, or (past them) one that does not exist.
 fn replica(w: &World, i: u8) -> ReplicaId {
-    let ids: Vec<&ReplicaId> = w.node.replicas.keys().collect();
+    let ids: Vec<&ReplicaId> = w.node.held.replicas().keys().collect();
     if i == u8::MAX {
         return ReplicaId("r".repeat(60_000));
     }
@@ -164,18 +165,20 @@ impl World {
         if let Event::Spawned { replica, .. } | Event::SpawnFailed { replica, .. } = &ev {
             self.unanswered.remove(replica);
         }
-        let before = self.node.replicas.len();
+        let before = self.node.held.replicas().len();
         // Pending replicas, and the replicas already stopping.
         let pending_before: Vec<Replica> = self
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| r.state == ReplicaState::Pending)
             .cloned()
             .collect();
         let stopping_before: BTreeSet<ReplicaId> = self
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| r.state == ReplicaState::Stopping)
             .map(|r| r.id.clone())
@@ -200,7 +203,7 @@ impl World {
             }
         );
         let out = self.node.handle(ev, self.now);
-        let after = self.node.replicas.len();
+        let after = self.node.held.replicas().len();
         // Bounded work: nothing a client sent sizes what one event does.
         assert!(
             after <= self.replica_bound,
@@ -223,7 +226,8 @@ impl World {
         let mut idle_stops: BTreeMap<&str, usize> = BTreeMap::new();
         let stopped = self
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| {
                 r.state == ReplicaState::Stopping
@@ -233,7 +237,7 @@ impl World {
             .filter(|r| !stopping_before.contains(&r.id));
         let dropped = pending_before
             .iter()
-            .filter(|r| !self.node.replicas.contains_key(&r.id))
+            .filter(|r| !self.node.held.replicas().contains_key(&r.id))
             .filter(|r| subject.as_ref() != Some(&r.id));
         for r in stopped.chain(dropped) {
             *idle_stops.entry(&r.model).or_default() += 1;
@@ -321,13 +325,13 @@ impl World {
 
     /// A warm-up passed for `id` now: by its process now.
     fn warm_passed(&mut self, id: &ReplicaId) {
-        let pid = self.node.replicas.get(id).and_then(|r| r.pid);
+        let pid = self.node.held.replicas().get(id).and_then(|r| r.pid);
         self.warmed.insert((id.clone(), pid));
     }
 
     /// A warm-up passed by `id`'s process (in this run, or in one it was adopted from).
     fn was_warmed(&self, id: &ReplicaId) -> bool {
-        let pid = self.node.replicas.get(id).and_then(|r| r.pid);
+        let pid = self.node.held.replicas().get(id).and_then(|r| r.pid);
         self.warmed.contains(&(id.clone(), pid)) || self.warmed.contains(&(id.clone(), None))
     }
 
@@ -335,11 +339,11 @@ impl World {
     /// indexes (by id, by model) agree with the replicas.
     fn check_books(&self) {
         let n = &self.node;
-        if let Err(why) = n.replicas.check() {
-            panic!("the replica table's indexes: {why}");
+        if let Err(why) = n.held.check() {
+            panic!("the reservations' books: {why}");
         }
         let mut ports = BTreeSet::new();
-        for r in n.replicas.values() {
+        for r in n.held.replicas().values() {
             match (r.state, r.port) {
                 (ReplicaState::Pending, None) => {}
                 (ReplicaState::Pending, Some(p)) => panic!("pending {} holds port {p}", r.id),
@@ -347,10 +351,11 @@ impl World {
                 (_, Some(p)) => assert!(ports.insert(p), "port {p} twice"),
             }
         }
-        assert_eq!(&ports, n.ports.in_use(), "the port pool's books");
-        for slot in &n.gpus.slots {
+        assert_eq!(&ports, n.held.ports().in_use(), "the port pool's books");
+        for slot in &n.held.gpus().slots {
             let holders: Vec<&Replica> = n
-                .replicas
+                .held
+                .replicas()
                 .values()
                 .filter(|r| r.gpus.contains(&slot.device.uuid))
                 .collect();
@@ -394,7 +399,7 @@ impl World {
         let end = self.now + d;
         let mut pending: Vec<Action> = Vec::new();
         for replica in std::mem::take(&mut self.unanswered) {
-            if self.node.replicas.contains_key(&replica) {
+            if self.node.held.replicas().contains_key(&replica) {
                 self.next_pid += 1;
                 let pid = self.next_pid;
                 pending.extend(self.send(Event::Spawned { replica, pid }));
@@ -402,7 +407,7 @@ impl World {
         }
         // SIGKILL cannot be ignored: what was killed in the hostile phase has exited.
         for replica in std::mem::take(&mut self.killed) {
-            if self.node.replicas.contains_key(&replica) {
+            if self.node.held.replicas().contains_key(&replica) {
                 pending.extend(self.send(Event::Exited {
                     replica,
                     status: crate::core::harness::KILLED,
@@ -484,16 +489,18 @@ impl World {
                 continue;
             }
             let spec = m.launch_spec();
-            let no_port = self.node.ports.free() == 0;
+            let no_port = self.node.held.ports().free() == 0;
             let no_gpu = m.no_capacity.is_some()
                 && self
                     .node
-                    .gpus
+                    .held
+                    .gpus()
                     .place(&super::placement::Want::of(spec, &BTreeSet::new()))
                     .is_err();
             let stopping: BTreeSet<String> = self
                 .node
-                .replicas
+                .held
+                .replicas()
                 .values()
                 .filter(|r| {
                     r.state == ReplicaState::Stopping && r.deadline.is_some_and(|d| d > self.now)
@@ -502,17 +509,18 @@ impl World {
                 .collect();
             let held = self
                 .node
-                .gpus
+                .held
+                .gpus()
                 .place(&super::placement::Want::of(spec, &BTreeSet::new()))
                 .is_ok_and(|p| p.devices.iter().any(|d| stopping.contains(d)));
             assert!(
                 no_port || no_gpu || held,
                 "{name}: {routed} routed, min {}, with room (free ports {}, waits for GPUs: {:?}); replicas: {:?}",
                 m.min(),
-                self.node.ports.free(),
+                self.node.held.ports().free(),
                 m.no_capacity,
                 self.node
-                    .replicas
+                    .held.replicas()
                     .values()
                     .filter(|r| &r.model == name)
                     .map(|r| (r.id.to_string(), r.state, r.reason.clone()))

@@ -24,7 +24,8 @@ impl World {
         let overrides = self.node.overrides();
         let routed_before: BTreeSet<ReplicaId> = self
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| r.state == ReplicaState::Routed && r.pid.is_some())
             .map(|r| r.id.clone())
@@ -53,7 +54,7 @@ impl World {
         }
         if same {
             for id in &routed_before {
-                let state = self.node.replicas.get(id).map(|r| r.state);
+                let state = self.node.held.replicas().get(id).map(|r| r.state);
                 assert_eq!(
                     state,
                     Some(ReplicaState::Routed),

@@ -113,7 +113,7 @@ fn a_bad_file_is_answered_with_its_error_and_changes_nothing() {
     let mut h = Harness::new(&cfg("1", "min = 1\nmax = 4\nwarm_pool = 0"));
     let first = h.log.clone();
     h.settle(first);
-    let before: Vec<ReplicaId> = h.node.replicas.keys().cloned().collect();
+    let before: Vec<ReplicaId> = h.node.held.replicas().keys().cloned().collect();
     reload_request(&mut h, 3, Peer::trusted());
     let out = h.send(Event::ConfigRead(Err(crate::core::harness::refused(
         "reload.toml",
@@ -139,7 +139,10 @@ fn a_bad_file_is_answered_with_its_error_and_changes_nothing() {
         logged(&out, LogLevel::Error),
         ["reload: configuration not reloaded, the running one is kept: reload.toml:9: max: not a number"]
     );
-    assert_eq!(h.node.replicas.keys().cloned().collect::<Vec<_>>(), before);
+    assert_eq!(
+        h.node.held.replicas().keys().cloned().collect::<Vec<_>>(),
+        before
+    );
     assert_eq!(h.node.models["m"].config.scaling.max, 4);
 }
 

@@ -231,7 +231,7 @@ fn settled() -> Harness {
     let mut h = Harness::new(&cfg("1", "min = 2\nmax = 4\nwarm_pool = 1"));
     let first = h.log.clone();
     h.settle(first);
-    assert_eq!(h.node.replicas.len(), 3);
+    assert_eq!(h.node.held.replicas().len(), 3);
     h
 }
 
@@ -249,7 +249,7 @@ fn a_change_to_any_field_of_the_launch_spec_rolls_the_model_over() {
     for (field, launch) in changes {
         assert_ne!(launch, base.launch, "{field}: a real change");
         let mut h = settled();
-        let old: Vec<ReplicaId> = h.node.replicas.keys().cloned().collect();
+        let old: Vec<ReplicaId> = h.node.held.replicas().keys().cloned().collect();
         h.reload_config(with_model(
             &h,
             ModelConfig {
@@ -262,13 +262,14 @@ fn a_change_to_any_field_of_the_launch_spec_rolls_the_model_over() {
         assert_eq!(*rollout.previous_spec, base.launch, "{field}");
         assert_eq!(*m.spec, launch, "{field}");
         for id in &old {
-            if let Some(r) = h.node.replicas.get(id) {
+            if let Some(r) = h.node.held.replicas().get(id) {
                 assert!(h.node.departing(r), "{field}: {id} is of the old version");
             }
         }
         let new: Vec<&Replica> = h
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .filter(|r| !old.contains(&r.id))
             .collect();
@@ -293,7 +294,8 @@ fn a_change_outside_the_launch_spec_keeps_every_replica() {
         let mut h = settled();
         let before: Vec<(ReplicaId, Option<u32>)> = h
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .map(|r| (r.id.clone(), r.pid))
             .collect();
@@ -307,13 +309,18 @@ fn a_change_outside_the_launch_spec_keeps_every_replica() {
         assert_eq!(m.config, config, "{field}: applied");
         let after: Vec<(ReplicaId, Option<u32>)> = h
             .node
-            .replicas
+            .held
+            .replicas()
             .values()
             .map(|r| (r.id.clone(), r.pid))
             .collect();
         assert_eq!(before, after, "{field}");
         assert!(
-            h.node.replicas.values().all(|r| !h.node.departing(r)),
+            h.node
+                .held
+                .replicas()
+                .values()
+                .all(|r| !h.node.departing(r)),
             "{field}"
         );
     }

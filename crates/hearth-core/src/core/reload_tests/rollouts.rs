@@ -23,7 +23,8 @@ fn a_scaling_only_change_keeps_every_replica() {
     h.settle(first);
     let before: Vec<(ReplicaId, u32)> = h
         .node
-        .replicas
+        .held
+        .replicas()
         .values()
         .map(|r| (r.id.clone(), r.pid.unwrap()))
         .collect();
@@ -34,7 +35,8 @@ fn a_scaling_only_change_keeps_every_replica() {
     assert!(signals(&out, StopSignal::Term).is_empty() && spawns(&out) == 0);
     let after: Vec<(ReplicaId, u32)> = h
         .node
-        .replicas
+        .held
+        .replicas()
         .values()
         .map(|r| (r.id.clone(), r.pid.unwrap()))
         .collect();
@@ -47,7 +49,7 @@ fn a_version_change_warms_new_replicas_before_old_ones_drain() {
     let mut h = Harness::new(&cfg("1", "min = 2\nmax = 4\nwarm_pool = 1"));
     let first = h.log.clone();
     h.settle(first);
-    let old: Vec<ReplicaId> = h.node.replicas.keys().cloned().collect();
+    let old: Vec<ReplicaId> = h.node.held.replicas().keys().cloned().collect();
     let out = reload(&mut h, &cfg("2", "min = 2\nmax = 4\nwarm_pool = 1"));
     // The old warm one serves nothing: it goes at once. Routed ones stay.
     assert_eq!(signals(&out, StopSignal::Term).len(), 1);
@@ -88,12 +90,13 @@ fn a_version_change_warms_new_replicas_before_old_ones_drain() {
     assert!(min_routed >= 2, "routed never below min during the rollout");
     let versions: Vec<String> = h
         .node
-        .replicas
+        .held
+        .replicas()
         .values()
         .map(|r| r.version.to_string())
         .collect();
     assert_eq!(versions, vec!["2"; 3], "2 routed + 1 warm, all new");
-    assert!(h.node.replicas.keys().all(|id| !old.contains(id)));
+    assert!(h.node.held.replicas().keys().all(|id| !old.contains(id)));
     assert!(
         h.node.status(Some("m"), h.now).models[0].rollout.is_none(),
         "complete"
@@ -133,7 +136,7 @@ fn after_a_halted_rollout_the_version_serving_can_be_configured_back() {
     assert!(h.node.models["m"].rollout.is_none());
     assert!(signals(&out, StopSignal::Term).is_empty() && spawns(&out) == 0);
     assert_eq!(h.in_state("m", ReplicaState::Routed), old);
-    for r in h.node.replicas.values() {
+    for r in h.node.held.replicas().values() {
         // What is left of version 2 (a replica stopping after its failed warm-up) goes.
         assert_eq!(
             h.node.departing(r),
@@ -175,7 +178,7 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
         _ => None,
     });
     let replacement = spec.expect("replaced");
-    assert_eq!(&*h.node.replicas[&replacement].version, "1");
+    assert_eq!(&*h.node.held.replicas()[&replacement].version, "1");
     // A new configuration resumes.
     let out = reload(&mut h, &cfg("3", "min = 2\nmax = 4\nwarm_pool = 0"));
     assert!(h.node.models["m"]
@@ -187,7 +190,8 @@ fn a_new_version_that_cannot_warm_up_halts_the_rollout_and_latches() {
     let _ = out;
     let new: Vec<&str> = h
         .node
-        .replicas
+        .held
+        .replicas()
         .values()
         .filter(|r| r.state == ReplicaState::Pending)
         .map(|r| &*r.version)

@@ -14,13 +14,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::replica::{Replica, ReplicaId};
+use crate::core::replica::{Replica, ReplicaId};
 
 /// A replica's place in the table, for a pass that looks many up again without copying
 /// their ids: it names that replica only (a slot reused by another replica has a new
 /// generation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Handle {
+pub(in crate::core) struct Handle {
     slot: usize,
     generation: u64,
 }
@@ -33,7 +33,7 @@ struct Slot {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Replicas {
+pub(in crate::core) struct Replicas {
     slots: Vec<Slot>,
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
@@ -100,7 +100,7 @@ impl Replicas {
     }
 
     /// Adds `r` under its id and its model, in place of any replica with that id.
-    pub fn insert(&mut self, mut r: Replica) {
+    pub(super) fn insert(&mut self, mut r: Replica) {
         // The id views show is the id (one made for a replica whose id was set after it).
         if *r.shown_id != *r.id.0 {
             r.shown_id = r.id.0.as_str().into();
@@ -130,7 +130,7 @@ impl Replicas {
         self.slot_of.insert(id, slot);
     }
 
-    pub fn remove(&mut self, id: &ReplicaId) -> Option<Replica> {
+    pub(super) fn remove(&mut self, id: &ReplicaId) -> Option<Replica> {
         let slot = self.slot_of.remove(id)?;
         let s = self.slots.get_mut(slot)?;
         let r = s.replica.take()?;
@@ -244,7 +244,7 @@ impl Replicas {
             if *r.shown_id != *id.0 {
                 return Err(format!("{id}: shown as {}", r.shown_id));
             }
-            if r.shown_addr.as_deref() != r.port.map(super::replica::addr).as_deref() {
+            if r.shown_addr.as_deref() != r.port.map(crate::core::replica::addr).as_deref() {
                 return Err(format!(
                     "{id}: port {:?} shown as {:?}",
                     r.port, r.shown_addr
