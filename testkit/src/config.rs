@@ -410,17 +410,12 @@ fn parsed(text: &str, what: &str) -> Table {
         .unwrap_or_else(|e| panic!("the test's {what} is not TOML: {e}\n{text}"))
 }
 
-/// `extra` laid over `base`: tables merge key by key, arrays of tables are extended, any other
-/// value of `extra` replaces `base`'s.
+/// `extra` laid over `base`: tables merge key by key, any other value of `extra` replaces
+/// `base`'s (moved() lays the daemon's own paths and ports over a whole file).
 fn merge(base: &mut Table, extra: Table) {
     for (key, value) in extra {
         match (base.get_mut(&key), value) {
             (Some(Value::Table(b)), Value::Table(e)) => merge(b, e),
-            (Some(Value::Array(b)), Value::Array(e))
-                if b.iter().chain(&e).all(|v| v.is_table()) =>
-            {
-                b.extend(e)
-            }
             (_, value) => {
                 base.insert(key, value);
             }
@@ -507,12 +502,8 @@ impl Config {
         // of `[route]` (followed, maybe, by `[route.…]` tables of its own).
         s.push_str(&self.extra);
         if let (Some(keys), Some(addr)) = (&self.route, listen) {
-            let listen = toml::to_string(&Table::from_iter([(
-                "listen".to_string(),
-                Value::String(addr.to_string()),
-            )]))
-            .expect("an address serializes");
-            s += &format!("\n[route]\n{listen}{keys}");
+            let listen = Value::String(addr.to_string());
+            s += &format!("\n[route]\nlisten = {listen}\n{keys}");
         }
         s
     }
