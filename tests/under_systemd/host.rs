@@ -100,8 +100,20 @@ impl Host {
             [route]
             queue_timeout = "60s"
         };
-        file["daemon"]["ports"] = format!("{}-{}", self.ports.first, self.ports.last - 1).into();
-        file["route"]["listen"] = self.route.to_string().into();
+        // toml's IndexMut panics on a missing key rather than inserting it: insert into the
+        // section's table.
+        let mut section = |name: &str, key: &str, value: String| {
+            let table = file[name]
+                .as_table_mut()
+                .expect("the section is written above");
+            table.insert(key.into(), value.into());
+        };
+        section(
+            "daemon",
+            "ports",
+            format!("{}-{}", self.ports.first, self.ports.last - 1),
+        );
+        section("route", "listen", self.route.to_string());
         let mut s = toml::to_string(&file).expect("a configuration serializes");
         for m in models {
             s += &m.render(("HEARTH_TESTKIT_MARK", "under-systemd"));
