@@ -114,8 +114,7 @@ pub fn workloads(
     trace_dir: Option<&Path>,
     jobs: usize,
 ) -> Result<Vec<GridWorkload>, workload::TraceError> {
-    type Build = Box<dyn Fn(f64) -> Result<Workload, workload::TraceError> + Send + Sync>;
-    let mut specs: Vec<(&'static str, String, Build)> = Vec::new();
+    let mut specs: Vec<Spec> = Vec::new();
     for name in workload::SYNTHETIC {
         for seed in SEEDS {
             specs.push((
@@ -200,7 +199,17 @@ pub fn workloads(
             ));
         }
     }
-    // Build them in parallel: (spec, slots) pairs.
+    build(specs, jobs)
+}
+
+/// Builds a workload at a rate multiplier (`slots / 8`).
+pub type Build = Box<dyn Fn(f64) -> Result<Workload, workload::TraceError> + Send + Sync>;
+/// A workload of a grid: family, label, how to build it.
+pub type Spec = (&'static str, String, Build);
+
+/// Builds every spec at every slot count, in parallel.
+pub fn build(specs: Vec<Spec>, jobs: usize) -> Result<Vec<GridWorkload>, workload::TraceError> {
+    // (spec, slots) pairs.
     let n = specs.len() * SLOTS.len();
     let built: Vec<Mutex<Option<Result<Workload, workload::TraceError>>>> =
         (0..n).map(|_| Mutex::new(None)).collect();
@@ -379,6 +388,8 @@ pub struct Options {
     pub jobs: Option<usize>,
     /// Only these policies: the table without verdicts, no summary.
     pub only: Option<Vec<Policy>>,
+    /// The held-out family (`grid_held_out`) instead of the standard workloads.
+    pub held_out: bool,
     pub json: bool,
     pub markdown: bool,
 }
@@ -390,6 +401,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         sample: sample_n,
         jobs,
         only,
+        held_out,
         json,
         markdown,
     } = o;
@@ -424,7 +436,12 @@ pub fn main(o: Options) -> std::process::ExitCode {
             None
         }
     };
-    let ws = match workloads(dir.as_deref(), jobs) {
+    let ws = if held_out {
+        super::grid_held_out::workloads(jobs)
+    } else {
+        workloads(dir.as_deref(), jobs)
+    };
+    let ws = match ws {
         Ok(w) => w,
         Err(e) => {
             eprintln!("hearth simulate: {e}");
@@ -437,7 +454,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
     };
     let results = run(&ws, &cells, jobs, only.as_deref());
     let elapsed = started.elapsed();
-    let traces = dir.is_some();
+    let traces = dir.is_some() && !held_out;
     if only.is_some() {
         // Verdicts need every policy: the figures only.
         if json {

@@ -15,6 +15,7 @@ pub mod baselines;
 pub mod cluster;
 pub mod engine;
 pub mod grid;
+pub mod grid_held_out;
 pub mod grid_report;
 pub mod grid_verdict;
 pub mod header;
@@ -148,11 +149,13 @@ fn parse_positive(s: &str) -> Result<f64, String> {
     about = "Replay traffic against hearth's policy and published autoscalers",
     after_help = "Scenarios: step, burst, diurnal, sawtooth, flash-crowd (synthetic, seeded), \
 azure-conv, azure-code (the Azure LLM inference traces 2023, CC-BY 4.0: read from \
-$HEARTH_TRACE_DIR, else ./data/traces, where a checkout keeps them; or give the CSV with --trace).\n--speed X divides arrival times by X; \
+$HEARTH_TRACE_DIR, else ./data/traces, where a checkout keeps them; or give the CSV with --trace); \
+held out of the grid: burst-3m, burst-7m, burst-25m (jittered ±20 %), burst-poisson, multi-day.\n--speed X divides arrival times by X; \
 --rate-mult X multiplies the arrival rate (synthetic: the Poisson rate; traces: each arrival \
 kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s).\n\
 --grid runs the standard grid instead (every scenario and trace, cold start, slot count and \
-target; see BENCHMARKS.md) and needs neither --config nor --model."
+target; see BENCHMARKS.md) and needs neither --config nor --model; --grid --family held-out runs \
+the held-out family on the same knobs instead."
 )]
 pub struct SimArgs {
     /// Configuration file: the model's [model.scaling] is what hearth runs with
@@ -226,6 +229,10 @@ pub struct SimArgs {
     /// ./data/traces where it exists; without any, the grid has only the synthetic workloads)
     #[arg(long, requires = "grid")]
     pub trace_dir: Option<PathBuf>,
+    /// With --grid: `held-out` runs the held-out family instead of the standard workloads (the
+    /// held-out scenarios and the grid's scenarios at seeds 6–10)
+    #[arg(long, requires = "grid", value_parser = ["standard", "held-out"])]
+    pub family: Option<String>,
     /// With --grid: threads to run cells on (default: one per core)
     #[arg(long, requires = "grid", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub jobs: Option<u32>,
@@ -415,6 +422,13 @@ pub fn load_workload(a: &SimArgs) -> Result<Workload, SimError> {
             workload::synthetic_workload(name, a.seed, &sm, a.speed, a.rate_mult)
                 .expect("known scenario")
         }
+        (Some(name), trace) if workload::HELD_OUT.contains(&name.as_str()) => {
+            if trace.is_some() {
+                return Err(SimError::SyntheticWithTrace(name.clone()));
+            }
+            workload::held_out_workload(name, a.seed, &sm, a.speed, a.rate_mult)
+                .expect("known scenario")
+        }
         (Some(name), trace) if workload::TRACES.iter().any(|(n, _)| n == name) => {
             let path = workload::trace_path(name, trace.as_deref())?;
             workload::trace_workload(&path, name, a.seed, &sm, a.speed, a.rate_mult)?
@@ -460,6 +474,7 @@ pub fn main(a: SimArgs) -> ExitCode {
             sample: a.grid_sample,
             jobs: a.jobs.map(|j| j as usize),
             only,
+            held_out: a.family.as_deref() == Some("held-out"),
             json: a.json,
             markdown: a.markdown,
         });

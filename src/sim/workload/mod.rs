@@ -5,9 +5,11 @@
 //! (`TIMESTAMP,ContextTokens,GeneratedTokens`) or a plain `t_seconds[,service_s]` list.
 //! Service time = prefill × ContextTokens + decode × GeneratedTokens (or the trace's `service_s`).
 
+mod held_out;
 mod synthetic;
 mod trace;
 
+pub use held_out::{held_out_workload, HELD_OUT};
 pub use synthetic::{synthetic_workload, SYNTHETIC, SYNTH_MEAN_CONTEXT, SYNTH_MEAN_GENERATED};
 pub use trace::{
     trace_dir, trace_path, trace_workload, TraceError, AZURE_ATTRIBUTION, REPO_TRACE_DIR, TRACES,
@@ -78,6 +80,7 @@ impl ServiceModel {
 /// All built-in scenario names, for help and errors.
 pub fn scenario_names() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = SYNTHETIC.to_vec();
+    v.extend(HELD_OUT);
     v.extend(TRACES.iter().map(|(n, _)| *n));
     v
 }
