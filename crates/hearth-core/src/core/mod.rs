@@ -66,6 +66,9 @@ mod requests;
 mod reservations;
 mod scrape;
 mod sleep;
+mod sleep_room;
+#[cfg(test)]
+mod sleep_room_tests;
 #[cfg(test)]
 mod sleep_tests;
 mod sleep_tier;
