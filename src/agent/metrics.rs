@@ -436,6 +436,7 @@ mod tests {
             memory_driver_reserved: None,
             mig_parent: None,
             nvlink: Vec::new(),
+            asleep: Vec::new(),
         }];
         let text = r.render(StatusView {
             daemon: Default::default(),

@@ -112,6 +112,7 @@ mod tests {
             memory_driver_reserved: None,
             mig_parent: None,
             nvlink: Vec::new(),
+            asleep: Vec::new(),
         }
     }
 

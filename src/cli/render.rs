@@ -249,7 +249,15 @@ fn gpu_rows(gpus: &[GpuView], uuids: &Uuids) -> String {
         let replicas = if g.replicas.is_empty() {
             NONE.to_string()
         } else {
-            g.replicas.join(",")
+            let shown: Vec<String> = g
+                .replicas
+                .iter()
+                .map(|r| match g.asleep.contains(r) {
+                    true => format!("{r}(asleep)"),
+                    false => r.clone(),
+                })
+                .collect();
+            shown.join(",")
         };
         out.push_str(&row([
             &g.index.to_string(),

@@ -162,6 +162,7 @@ fn gpu(index: u32, uuid: &str, used: Option<u64>, note: Option<&str>) -> GpuView
         memory_driver_reserved: None,
         mig_parent: None,
         nvlink: Vec::new(),
+        asleep: Vec::new(),
     }
 }
 

@@ -391,6 +391,7 @@ impl GpuTable {
                     .filter(|l| l.link == Link::NvLink)
                     .map(|l| l.peer.clone())
                     .collect(),
+                asleep: Vec::new(),
             })
             .collect()
     }

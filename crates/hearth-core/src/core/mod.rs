@@ -67,6 +67,9 @@ mod reservations;
 mod scrape;
 mod scrape_error;
 mod sleep;
+mod sleep_room;
+#[cfg(test)]
+mod sleep_room_tests;
 #[cfg(test)]
 mod sleep_tests;
 mod sleep_tier;

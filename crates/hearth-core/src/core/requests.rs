@@ -106,7 +106,7 @@ impl Node {
                 })
             }
             Request::Gpus {} => Ok(Response::Gpus {
-                gpus: self.held.gpus().views(),
+                gpus: self.gpu_views(),
             }),
             Request::Watch { model } => {
                 if let Some(m) = &model {

@@ -118,6 +118,19 @@ impl Reservations {
         self.replicas.insert(r);
     }
 
+    /// Changes what the replica holds on each of its devices to `bytes`.
+    pub fn resize(&mut self, id: &ReplicaId, bytes: u64) {
+        let Some(r) = self.replicas.get_mut(id) else {
+            return;
+        };
+        let was = std::mem::replace(&mut r.gpu_bytes, bytes);
+        for u in &r.gpus {
+            if let Some(s) = self.gpus.slot_by_uuid_mut(u) {
+                s.reserved = s.reserved.saturating_sub(was).saturating_add(bytes);
+            }
+        }
+    }
+
     /// The replica keeps its place in the table but hands back its port and devices, to be
     /// placed again; `busy_until`: its port is held by another process, passed over until then.
     pub fn unplace(&mut self, id: &ReplicaId, busy_until: Option<Time>) {

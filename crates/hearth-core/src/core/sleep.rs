@@ -143,6 +143,7 @@ impl Node {
         let (model, took) = (r.model.clone(), now.since(r.since));
         let recheck = self.recheck_of(id);
         self.set_state(id, ReplicaState::Sleeping, now, out);
+        self.shrink_asleep(id);
         if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.next_probe = now + recheck;
         }
@@ -166,6 +167,12 @@ impl Node {
         let Some(timeout) = self.sleep_config(id).map(|s| s.wake_timeout) else {
             return;
         };
+        if let Err(no_room) = self.grow_to_wake(id) {
+            if let Some(r) = self.held.replicas_mut().get_mut(id) {
+                r.reason = no_room.to_string().into();
+            }
+            return;
+        }
         if self.enter_phase(id, ReplicaState::Waking, timeout, why, now, out) {
             if let Some(r) = self.held.replicas_mut().get_mut(id) {
                 r.wake_started = Some(now);

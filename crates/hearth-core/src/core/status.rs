@@ -48,7 +48,7 @@ impl Node {
             .collect();
         StatusView {
             models,
-            gpus: self.held.gpus().views(),
+            gpus: self.gpu_views(),
             daemon: Box::new(self.daemon_view()),
         }
     }

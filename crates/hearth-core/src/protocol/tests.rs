@@ -241,13 +241,14 @@ fn answers_are_design_s_lines_and_read_back() {
         memory_driver_reserved: None,
         mig_parent: None,
         nvlink: Vec::new(),
+        asleep: Vec::new(),
     };
     round_trip(
         Op::Gpus,
         Ok(Response::Gpus {
             gpus: vec![gpu.clone()],
         }),
-        r#"{"ok":true,"gpus":[{"index":0,"uuid":"GPU-a","name":"static device","memory_total":1024,"memory_reserved":512,"healthy":true,"cordoned":false,"replicas":["m-1"],"memory_used":null,"memory_foreign":null,"note":null,"topology":null,"memory_driver_reserved":null,"mig_parent":null,"nvlink":[]}]}"#,
+        r#"{"ok":true,"gpus":[{"index":0,"uuid":"GPU-a","name":"static device","memory_total":1024,"memory_reserved":512,"healthy":true,"cordoned":false,"replicas":["m-1"],"memory_used":null,"memory_foreign":null,"note":null,"topology":null,"memory_driver_reserved":null,"mig_parent":null,"nvlink":[],"asleep":[]}]}"#,
     );
     // The watch answer is `{"ok":true}`; the snapshot follows on lines of its own.
     let snapshot = vec![WatchEvent::Routed {

@@ -280,6 +280,10 @@ pub struct GpuView {
     /// UUIDs of the devices NVML says this one reaches over NVLink.
     #[serde(default)]
     pub nvlink: Vec<String>,
+    /// Those of `replicas` that are asleep: each holds its `[model.sleep] gpu_memory_asleep`
+    /// here, not its `gpu_memory`.
+    #[serde(default)]
+    pub asleep: Vec<String>,
 }
 
 // ---- WATCH -----------------------------------------------------------------------------------
