@@ -22,7 +22,8 @@ pub struct RealModel {
     /// the virtual environment was made from (none when it is under /usr, which the container
     /// has anyway).
     pub dirs: Vec<PathBuf>,
-    /// Those of them the shipped sandbox hides (under /home, /root or /run/user).
+    /// Those of them the shipped sandbox hides (under /home, /root or /run/user, or under /tmp
+    /// and /var/tmp, which PrivateTmp= replaces).
     pub hidden: Vec<PathBuf>,
 }
 
@@ -30,6 +31,12 @@ fn under_a_home(p: &Path) -> bool {
     ["/home", "/root", "/run/user"]
         .iter()
         .any(|h| p.starts_with(h))
+}
+
+/// PrivateTmp=yes gives the unit a /tmp and /var/tmp of its own: a server kept under the host's
+/// (a checkout cloned into /tmp, as CI's may be) is not there at all.
+fn under_a_tmp(p: &Path) -> bool {
+    ["/tmp", "/var/tmp"].iter().any(|t| p.starts_with(t))
 }
 
 impl RealModel {
@@ -65,7 +72,11 @@ impl RealModel {
         dirs.dedup();
         let all = dirs.clone();
         dirs.retain(|d| !all.iter().any(|o| o != d && d.starts_with(o)));
-        let hidden = dirs.iter().filter(|d| under_a_home(d)).cloned().collect();
+        let hidden = dirs
+            .iter()
+            .filter(|d| under_a_home(d) || under_a_tmp(d))
+            .cloned()
+            .collect();
         RealModel { dirs, hidden }
     }
 
@@ -87,18 +98,23 @@ impl RealModel {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
-        format!(
-            "[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths={}\n",
-            paths.join(" ")
-        )
+        // The bind is made inside the unit's own /tmp too; ProtectHome=tmpfs only where a home
+        // directory hides one.
+        let homes = if self.hidden.iter().any(|d| under_a_home(d)) {
+            "ProtectHome=tmpfs\n"
+        } else {
+            ""
+        };
+        format!("[Service]\n{homes}BindReadOnlyPaths={}\n", paths.join(" "))
     }
 
     /// Under the shipped unit, where a directory it needs is hidden: the model added by a
     /// reload never warms, and the journal says why (the daemon's refusal of a program it
-    /// cannot find, or the replica's own "not found"). The model is taken out again.
+    /// cannot find, "does not exist", when the launcher itself is hidden; or the replica's own
+    /// "not found" / "Permission denied" when only its Python is). The model is taken out again.
     pub fn hidden_by_the_shipped_sandbox(&self, h: &Host) {
         if self.hidden.is_empty() {
-            eprintln!("the real model's files are outside /home and /root: nothing hidden");
+            eprintln!("the real model's files are outside /home, /root and /tmp: nothing hidden");
             return;
         }
         let cursor = h.cursor();
@@ -116,9 +132,14 @@ impl RealModel {
         h.sh_ok("systemctl reload hearth");
         let says = |e: &Value| {
             e["MESSAGE"].as_str().is_some_and(|m| {
-                ["not found", "No such file", "Permission denied"]
-                    .iter()
-                    .any(|w| m.contains(w))
+                [
+                    "not found",
+                    "does not exist",
+                    "No such file",
+                    "Permission denied",
+                ]
+                .iter()
+                .any(|w| m.contains(w))
             })
         };
         let why = wait_until(
