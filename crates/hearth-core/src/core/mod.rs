@@ -67,6 +67,7 @@ mod reservations;
 mod scrape;
 mod scrape_error;
 mod sleep;
+mod sleep_sizing;
 #[cfg(test)]
 mod sleep_tests;
 mod sleep_tier;
