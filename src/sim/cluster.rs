@@ -36,6 +36,8 @@ pub struct Replica {
     /// Monotonic counters, as a real server would report them.
     pub arrived: u64,
     pub completed: u64,
+    /// Intervals spent asleep (sleeping tier), the last open while it sleeps.
+    pub asleep: Vec<(Us, Option<Us>)>,
     // Integrals over time (µs-weighted), brought up to date by `touch`.
     last: Us,
     area_in_flight: u64,
@@ -78,6 +80,10 @@ pub struct Cluster {
     pub reqs: Vec<Req>,
     /// Routable replicas, in creation order.
     routable: Vec<u32>,
+    /// What a sleeping replica is charged of a replica-second (`gpu_memory_asleep` ÷
+    /// `gpu_memory`), and the host memory it holds (bytes).
+    pub asleep_charge: f64,
+    pub asleep_host_memory: u64,
     /// Arrivals with nowhere to go yet.
     pub router_queue: VecDeque<u32>,
     router_last: Us,
@@ -113,6 +119,7 @@ impl Cluster {
             running: Vec::new(),
             arrived: 0,
             completed: 0,
+            asleep: Vec::new(),
             last: now,
             area_in_flight: 0,
             area_any_busy: 0,
@@ -295,6 +302,30 @@ impl Cluster {
 
     /// The process is gone: whatever it still had (waiting or running) is killed. Returns how
     /// many requests were killed.
+    /// The replica is asleep from `now` (`true`) or no longer (`false`).
+    pub fn set_asleep(&mut self, r: u32, asleep: bool, now: Us) {
+        let x = &mut self.replicas[r as usize];
+        let open = x.asleep.last().is_some_and(|i| i.1.is_none());
+        match (asleep, open) {
+            (true, false) => x.asleep.push((now, None)),
+            (false, true) => {
+                if let Some(last) = x.asleep.last_mut() {
+                    last.1 = Some(now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Time asleep within `[from, to)`, all replicas (µs).
+    pub fn asleep_within(&self, from: Us, to: Us) -> u64 {
+        self.replicas
+            .iter()
+            .flat_map(|x| x.asleep.iter())
+            .map(|&(a, b)| b.unwrap_or(to).min(to).saturating_sub(a.max(from)))
+            .sum()
+    }
+
     pub fn exit(&mut self, r: u32, now: Us) -> u64 {
         self.unroute(r);
         self.touch(r, now);
@@ -303,6 +334,9 @@ impl Cluster {
             return 0;
         }
         x.exited = Some(now);
+        if let Some(last) = x.asleep.last_mut() {
+            last.1.get_or_insert(now);
+        }
         let waiting: Vec<u32> = x.waiting.drain(..).collect();
         let running: Vec<u32> = std::mem::take(&mut x.running);
         let killed = (waiting.len() + running.len()) as u64;

@@ -41,6 +41,10 @@ pub struct Params {
     pub max: u32,
     /// Print hearth's scale decisions (time, from → to, reason) to stderr as they happen.
     pub decisions: bool,
+    /// A sleeping replica's wake: first wake request → answered (models with `[model.sleep]`).
+    pub wake: Us,
+    /// Falling asleep: first sleep request → answered.
+    pub fall_asleep: Us,
 }
 
 /// One point of the per-second time series (for plots).

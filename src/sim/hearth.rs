@@ -46,7 +46,17 @@ pub struct HearthDriver {
     label: &'static str,
     /// Warm replicas still finishing work they held when unrouted (they report until done).
     finishing: BTreeSet<u32>,
+    /// Sleeping tier: replicas whose first sleep (or wake) request is still to be answered
+    /// (it is answered after `fall_asleep` or `wake`; the later steps at once).
+    to_fall_asleep: BTreeSet<u32>,
+    to_wake: BTreeSet<u32>,
+    /// `gpu_memory_asleep` ÷ `gpu_memory`, and `host_memory`, of the model's `[model.sleep]`.
+    asleep_charge: f64,
+    asleep_host_memory: u64,
 }
+
+/// The GPU memory a replica is taken to hold when its model does not say (an 80 GiB device).
+const DEFAULT_GPU_MEMORY: u64 = 80 << 30;
 
 /// A replica reports its queue every second, as a real server would while it serves (routed)
 /// or finishes its work (draining), and a warm one while it finishes what it held when it left
@@ -69,6 +79,18 @@ impl HearthDriver {
     pub fn new(mut config: Config, model: &str, pool: bool) -> HearthDriver {
         // The simulated host has room for every replica: placement is not what is measured.
         config.models.retain(|m| m.name == model);
+        let (asleep_charge, asleep_host_memory) = config
+            .models
+            .first()
+            .and_then(|m| {
+                let s = m.sleep.as_ref()?;
+                let whole = m.launch.gpu_memory.unwrap_or(DEFAULT_GPU_MEMORY).max(1);
+                Some((
+                    (s.gpu_memory_asleep as f64 / whole as f64).min(1.0),
+                    s.host_memory,
+                ))
+            })
+            .unwrap_or((1.0, 0));
         for m in &mut config.models {
             m.launch.gpus = 0;
             m.launch.gpu_memory = None;
@@ -91,6 +113,10 @@ impl HearthDriver {
             scale_actions: 0,
             label: if pool { "hearth" } else { "hearth-nopool" },
             finishing: BTreeSet::new(),
+            to_fall_asleep: BTreeSet::new(),
+            to_wake: BTreeSet::new(),
+            asleep_charge,
+            asleep_host_memory,
         }
     }
 
@@ -144,6 +170,10 @@ impl HearthDriver {
                         let ready = sim.cl.replicas[r as usize].spawned + sim.p.cold_start;
                         (sim.now + after).max(ready)
                     }
+                    ProbeKind::Sleep if self.to_fall_asleep.remove(&r) => {
+                        sim.now + after + sim.p.fall_asleep
+                    }
+                    ProbeKind::Wake if self.to_wake.remove(&r) => sim.now + after + sim.p.wake,
                     ProbeKind::Recheck
                     | ProbeKind::Liveness
                     | ProbeKind::Sleep
@@ -164,7 +194,6 @@ impl HearthDriver {
                         ProbeKind::Warmup => 0,
                         ProbeKind::Recheck => 1,
                         ProbeKind::Liveness => 2,
-                        // The simulator has no sleeping tier yet: its requests pass at once.
                         ProbeKind::Sleep => 3,
                         ProbeKind::Wake => 4,
                         ProbeKind::SleepState => 5,
@@ -226,6 +255,17 @@ impl HearthDriver {
                     ) {
                         sim.cl.replicas[r as usize].draining = true;
                     }
+                    match state {
+                        WatchedState::State(ReplicaState::FallingAsleep) => {
+                            self.to_fall_asleep.insert(r);
+                        }
+                        WatchedState::State(ReplicaState::Waking) => {
+                            self.to_wake.insert(r);
+                        }
+                        _ => {}
+                    }
+                    let asleep = state == WatchedState::State(ReplicaState::Sleeping);
+                    sim.cl.set_asleep(r, asleep, sim.now);
                     self.state.insert(r, state);
                 }
             }
@@ -281,6 +321,8 @@ impl HearthDriver {
 
 impl Driver for HearthDriver {
     fn init(&mut self, sim: &mut Sim) {
+        sim.cl.asleep_charge = self.asleep_charge;
+        sim.cl.asleep_host_memory = self.asleep_host_memory;
         self.init = true;
         self.feed(sim, Event::Tick);
         self.init = false;

@@ -196,6 +196,13 @@ pub struct SimArgs {
     /// A replica added to the routed set receives traffic after this delay
     #[arg(long = "promotion-delay", default_value = "500ms", value_parser = parse_dur)]
     pub promotion_delay: Duration,
+    /// A sleeping replica's wake time (models with [model.sleep]: their sleep and wake requests
+    /// are answered after these delays)
+    #[arg(long = "wake-time", default_value = "1s", value_parser = parse_dur)]
+    pub wake_time: Duration,
+    /// The time a replica takes to fall asleep
+    #[arg(long = "sleep-time", default_value = "5s", value_parser = parse_dur)]
+    pub sleep_time: Duration,
     /// Initial transient left out of the figures
     #[arg(long, default_value = "5m", value_parser = parse_dur)]
     pub warmup: Duration,
@@ -283,6 +290,8 @@ impl Setup {
             min: s.min,
             max: s.max,
             decisions: false,
+            wake: 0,
+            fall_asleep: 0,
         };
         let targets = Targets {
             concurrency,
@@ -515,6 +524,8 @@ pub fn main(a: SimArgs) -> ExitCode {
         Err(e) => return usage(e.to_string()),
     };
     setup.params.decisions = a.decisions;
+    setup.params.wake = us(a.wake_time);
+    setup.params.fall_asleep = us(a.sleep_time);
     if let Some(why) = header::nothing_measured(&w, &setup) {
         return usage(why);
     }

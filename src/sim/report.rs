@@ -22,6 +22,16 @@ pub struct PolicyReport {
     pub scale_actions: u64,
     pub cold_starts: u64,
     pub killed: u64,
+    /// Replica-seconds spent asleep (sleeping tier; charged at `asleep_charge` within
+    /// `replica_seconds`), and the host memory they held (GiB·s). Absent without a sleep tier.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sleeping_seconds: f64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_memory_gib_seconds: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// The `--json` document.
@@ -95,7 +105,12 @@ pub fn policy_report(
                 b.saturating_sub(a)
             })
             .sum();
-    let replica_seconds = replica_us as f64 / SEC as f64;
+    let asleep_us = o.cl.asleep_within(from, to);
+    // A sleeping replica holds a share of its GPU; falling asleep and waking count in full.
+    let asleep_s = asleep_us as f64 / SEC as f64;
+    let replica_seconds =
+        replica_us as f64 / SEC as f64 - asleep_s * (1.0 - o.cl.asleep_charge.clamp(0.0, 1.0));
+    let host_gib_s = asleep_s * o.cl.asleep_host_memory as f64 / (1u64 << 30) as f64;
     let ms = |us: Us| round(us as f64 / 1000.0, 1);
     PolicyReport {
         policy: name.to_string(),
@@ -117,6 +132,8 @@ pub fn policy_report(
         scale_actions: o.scale_actions,
         cold_starts: o.cold_starts,
         killed,
+        sleeping_seconds: round(asleep_s, 1),
+        host_memory_gib_seconds: round(host_gib_s, 1),
     }
 }
 

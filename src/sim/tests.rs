@@ -129,6 +129,8 @@ fn params(warmup: Us) -> Params {
         min: 1,
         max: 1,
         decisions: false,
+        wake: 0,
+        fall_asleep: 0,
     }
 }
 

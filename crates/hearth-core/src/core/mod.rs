@@ -70,6 +70,7 @@ mod sleep;
 mod sleep_room;
 #[cfg(test)]
 mod sleep_room_tests;
+mod sleep_sizing;
 #[cfg(test)]
 mod sleep_tests;
 mod sleep_tier;

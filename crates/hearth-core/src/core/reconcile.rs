@@ -150,8 +150,9 @@ impl Node {
         let (min, m_removed) = (m.routed_min(), m.removed);
         // With `[model.sleep]`, `min` counts replicas awake or asleep.
         let tier_min = m.min();
-        let pool = self.desired_warm(name);
-        let fill = self.pool_to_fill(name);
+        let pool_all = self.desired_warm(name);
+        let pool = self.awake_pool(name, pool_all);
+        let fill = self.awake_pool(name, self.pool_to_fill(name));
         let recheck = m.config.launch.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
@@ -266,7 +267,7 @@ impl Node {
         if sleepy {
             self.wake_for(name, &mut c, desired, fill, now, out);
         }
-        let hold = self.sleep_hold(name, desired + pool, now);
+        let hold = self.sleep_hold(name, desired + pool_all, now);
 
         // Too many routed: back to the pool if it is short (what it holds it finishes there),
         // else to sleep while the tier holds fewer than it keeps, else drain.
