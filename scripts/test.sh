@@ -5,7 +5,8 @@
 # (python3 with venv, util-linux's unshare/setsid/fincore, procps's kill, diffutils, haproxy and
 # prometheus for tests/route/fleet.rs); as another
 # user it names what is missing and stops. Then it prepares llama.cpp's server with a tiny model
-# (scripts/real-model.sh) and a Python with the official openai client (PyPI), and runs
+# (scripts/real-model.sh), the genuine llama-server built from source (scripts/llama-server.sh,
+# 10–20 minutes the first time, cached after) and a Python with the official openai client (PyPI), and runs
 #   cargo nextest run --release --workspace --no-fail-fast --test-threads 4
 # (cargo-nextest, installed from crates.io where the machine lacks it): every crate's tests, the
 # binaries' tests side by side, each test a process of its own. `cargo test --release
@@ -49,6 +50,9 @@ fi
 # llama.cpp's server and the tiny model (tests/real_model/serve.rs, scrape_llamacpp.rs, route_openai.rs).
 scripts/real-model.sh "$target/real-model"
 export HEARTH_REAL_MODEL_DIR=$target/real-model
+# The genuine llama-server, built from source once and cached (tests/real_model/sleep_llamacpp.rs).
+scripts/llama-server.sh "$target/llama-server"
+export HEARTH_LLAMA_SERVER=$target/llama-server/llama-server
 
 # The official openai client (tests/route/openai.rs).
 venv=$target/openai-venv

@@ -67,7 +67,7 @@ pub use needs::{needs, needs_cgroup2, needs_root};
 pub use nix::sys::signal::Signal;
 pub use notify::NotifyRecorder;
 pub use procs::Reaper;
-pub use real_model::{openai_python, real_model_dir, repo_dir};
+pub use real_model::{genuine_llama_server, openai_python, real_model_dir, repo_dir};
 pub use serde_json::{json, Value};
 pub use wait::{poll, wait_until, POLL};
 pub use watch::{endpoint_ids, endpoints, replica_event, Ev, Watch};

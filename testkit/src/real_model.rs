@@ -176,3 +176,14 @@ impl Model {
         self
     }
 }
+
+/// The genuine llama.cpp server binary (`scripts/llama-server.sh` builds it, 10–20 minutes):
+/// `HEARTH_LLAMA_SERVER` if set (the test script sets it), else `target/llama-server/llama-server`
+/// if it is there; `None` when it is not built (the caller fails, see needs.rs).
+pub fn genuine_llama_server() -> Option<PathBuf> {
+    let path = std::env::var_os("HEARTH_LLAMA_SERVER")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("llama-server/llama-server"));
+    path.is_file().then_some(path)
+}

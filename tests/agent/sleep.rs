@@ -194,3 +194,54 @@ fn a_burst_wakes_the_sleeping_replicas_and_starts_none() {
         d.log_tail(40)
     );
 }
+
+/// `idle_to_sleep`: with no work for 3 s the routed replica drains and sleeps (nothing routed);
+/// a request through the front door waits in its queue while that same process wakes, and is
+/// answered by it.
+#[test]
+fn idle_to_sleep_puts_the_model_to_sleep_and_a_request_at_the_front_door_wakes_it() {
+    let m = Model::front_toy(
+        "m",
+        &[
+            "--host",
+            "127.0.0.1",
+            "--sleep-time",
+            "500ms",
+            "--wake-time",
+            "1s",
+        ],
+    )
+    .scale(1, 1, 0)
+    .sleep(
+        "format = \"vllm\"\nsleep_timeout = \"30s\"\nwake_timeout = \"30s\"\nidle_to_sleep = \"3s\"",
+    );
+    let (d, _router, addr) = testkit::route::front_door([m], "");
+    let m = d.wait_model(
+        "m",
+        "asleep, nothing routed",
+        Duration::from_secs(60),
+        |m| m["routed"] == 0 && replicas_of(m).iter().any(|r| r["state"] == "sleeping"),
+    );
+    let sleeper = replicas_of(&m)[0].clone();
+    let reason = m["last_scale"]["reason"].as_str().unwrap_or("").to_string();
+    assert!(reason.contains("idle_to_sleep"), "{m:#}");
+    let asked = Instant::now();
+    let r = testkit::route::complete(addr, "m", Duration::from_secs(60)).unwrap();
+    let took = asked.elapsed();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let m = d.model("m");
+    let woken = replicas_of(&m)
+        .into_iter()
+        .find(|r| id(r) == id(&sleeper))
+        .unwrap_or_else(|| panic!("{m:#}"));
+    assert_eq!(
+        woken["pid"], sleeper["pid"],
+        "the same process, woken: {m:#}"
+    );
+    assert_eq!(woken["state"], "routed", "{m:#}");
+    assert_eq!(m["wake"]["wakes"], 1, "{m:#}");
+    println!(
+        "asleep → answered through the front door in {:.2} s (wake 1 s)",
+        took.as_secs_f64()
+    );
+}

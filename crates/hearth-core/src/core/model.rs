@@ -105,6 +105,9 @@ pub struct ModelState {
     pub wakes: super::sleep_tier::WakeTimes,
     /// The most replicas it needed lately, which a sleeping tier keeps (sleep_tier.rs).
     pub needed: super::sleep_tier::Peaks,
+    /// `idle_to_sleep` passed with no work: nothing is kept routed or warm (every replica
+    /// sleeps) until work arrives (sleep_tier.rs).
+    pub idle_asleep: bool,
 }
 
 impl ModelState {
@@ -131,6 +134,7 @@ impl ModelState {
             placeable_pending: None,
             wakes: Default::default(),
             needed: Default::default(),
+            idle_asleep: false,
         };
         m.desired_routed = m.routed_min();
         m
@@ -175,6 +179,7 @@ impl ModelState {
     /// asleep, and one routed replica (none at `min = 0`) is what stays awake.
     pub fn routed_min(&self) -> u32 {
         match self.config.sleep {
+            Some(_) if self.idle_asleep => 0,
             Some(_) => self.min().min(1),
             None => self.min(),
         }

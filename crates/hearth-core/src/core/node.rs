@@ -193,6 +193,7 @@ impl Node {
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {
             self.set_desired(model, decision, now, out);
         }
+        self.idle_to_sleep(model, now, out);
     }
 
     pub(super) fn set_desired(

@@ -105,6 +105,11 @@ pub struct Decision {
 }
 
 impl Autoscaler {
+    /// How long the model has shown no work (as of its latest signal), if it shows none.
+    pub fn idle_for(&self, now: Time) -> Option<Duration> {
+        self.idle_since.map(|t| now.since(t))
+    }
+
     /// A cold start finished after `d` (spawn → warm).
     pub fn observe_time_to_ready(&mut self, d: Duration) {
         self.ready_times.push_back(d);

@@ -102,7 +102,7 @@ impl Node {
         let Some(m) = self.models.get(model) else {
             return 0;
         };
-        if m.removed {
+        if m.removed || m.idle_asleep {
             return 0;
         }
         match m.warm_pool_setting() {

@@ -456,3 +456,70 @@ fn without_its_sleep_table_a_model_stops_its_sleeping_replicas() {
     assert_eq!(stopped, asleep, "{out:?}");
     assert_eq!(spawns(&out), 2, "min counts routed replicas again");
 }
+
+/// Idle reports from the routed replica, one a second, for `secs` seconds.
+fn idle_for(h: &mut Harness, id: &ReplicaId, secs: u64) {
+    for _ in 0..secs {
+        h.now = h.now + Duration::from_secs(1);
+        h.report("m", Some(id.as_str()), 0.0, 0, 0);
+        h.send(Event::Tick);
+    }
+}
+
+#[test]
+fn idle_to_sleep_puts_the_routed_replica_to_sleep_and_work_wakes_one() {
+    let mut h = Harness::new(&config(2, 2, "idle_to_sleep = \"30s\"\n"));
+    let first = h.log.clone();
+    h.settle(first);
+    let routed = h.in_state("m", ReplicaState::Routed);
+    assert_eq!(routed.len(), 1);
+    let falling = h.in_state("m", ReplicaState::FallingAsleep);
+    assert_eq!(falling.len(), 1);
+    fall_asleep(&mut h, &falling[0]);
+
+    // Short of idle_to_sleep: it stays routed.
+    idle_for(&mut h, &routed[0], 25);
+    assert_eq!(h.in_state("m", ReplicaState::Routed), routed);
+    assert_eq!(h.node.models["m"].desired_routed, 1);
+    // Past it: nothing is kept routed; the replica drains (nothing in flight) and sleeps.
+    let mark = h.log.len();
+    idle_for(&mut h, &routed[0], 10);
+    assert_eq!(h.node.models["m"].desired_routed, 0, "{:?}", &h.log[mark..]);
+    assert!(h.in_state("m", ReplicaState::Routed).is_empty());
+    let reason = &h.node.models["m"].last_scale.as_ref().unwrap().reason;
+    assert!(reason.contains("idle_to_sleep"), "{reason}");
+    h.report("m", Some(routed[0].as_str()), 0.0, 0, 0);
+    h.send(Event::Tick);
+    assert_eq!(
+        h.node.replicas[&routed[0]].state,
+        ReplicaState::FallingAsleep,
+        "drained, then put to sleep: {:?}",
+        &h.log[mark..]
+    );
+    fall_asleep(&mut h, &routed[0]);
+    let v = status_of(&h);
+    assert_eq!((v.routed, v.warm, v.sleeping), (0, 0, 2));
+    // Idle on: nothing is started, stopped or woken.
+    let mark = h.log.len();
+    h.run_for(Duration::from_secs(20));
+    assert_eq!(spawns(&h.log[mark..]), 0);
+    assert!(probes(&h.log[mark..], ProbeKind::Wake).is_empty());
+    assert!(
+        signals(&h.log, StopSignal::Term).is_empty(),
+        "nothing stopped"
+    );
+
+    // A request waits (the front door's queue, model-wide): one wakes, no cold start.
+    let mark = h.log.len();
+    h.report("m", None, 200.0, 1, 0);
+    h.send(Event::Tick);
+    let wakes = probes(&h.log[mark..], ProbeKind::Wake);
+    assert_eq!(wakes.len(), 1, "{:?}", &h.log[mark..]);
+    assert_eq!(spawns(&h.log[mark..]), 0);
+    assert_eq!(h.node.models["m"].desired_routed, 1);
+    let woken = wakes[0].0.clone();
+    answer(&mut h, &woken, ProbeKind::Wake, ok());
+    answer(&mut h, &woken, ProbeKind::Warmup, ok());
+    assert_eq!(h.node.replicas[&woken].state, ReplicaState::Routed);
+    assert!(!h.node.models["m"].idle_asleep);
+}

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::event::Action;
 use super::node::Node;
+use super::policy::Decision;
 use super::reconcile::{Counts, STOPS_PER_EVENT};
 use super::replica::{Replica, ReplicaState};
 use super::Time;
@@ -114,6 +115,35 @@ impl Node {
         let window = m.config.scaling.idle_to_zero;
         m.needed.note(now, awake, window);
         m.min().max(m.needed.peak()).min(m.max())
+    }
+
+    /// `[model.sleep] idle_to_sleep`: after that long with no work (the signal the policy reads:
+    /// reports and the front doors' arrivals, as for `idle_to_zero`), nothing is kept routed or
+    /// warm; the replicas leaving drain and sleep as at any scale down (the tier keeps them). The
+    /// first sign of work is the policy's "from zero", which wakes one; that ends it.
+    pub(super) fn idle_to_sleep(&mut self, model: &str, now: Time, out: &mut Vec<Action>) {
+        let Some(m) = self.models.get_mut(model) else {
+            return;
+        };
+        let Some(after) = m.config.sleep.as_ref().and_then(|s| s.idle_to_sleep) else {
+            return;
+        };
+        if m.idle_asleep {
+            m.idle_asleep = m.desired_routed == 0;
+            return;
+        }
+        if m.removed
+            || m.desired_routed == 0
+            || m.autoscaler.idle_for(now).is_none_or(|idle| idle < after)
+        {
+            return;
+        }
+        m.idle_asleep = true;
+        let reason = format!(
+            "no work for {}: its replicas go to sleep (idle_to_sleep)",
+            crate::units::short_duration(after)
+        );
+        self.set_desired(model, Decision { to: 0, reason }, now, out);
     }
 
     /// A sleeping replica that can be woken for the routed set.
