@@ -491,7 +491,7 @@ fn idle_to_sleep_puts_the_routed_replica_to_sleep_and_work_wakes_one() {
     h.report("m", Some(routed[0].as_str()), 0.0, 0, 0);
     h.send(Event::Tick);
     assert_eq!(
-        h.node.replicas[&routed[0]].state,
+        h.node.held.replicas()[&routed[0]].state,
         ReplicaState::FallingAsleep,
         "drained, then put to sleep: {:?}",
         &h.log[mark..]
@@ -520,6 +520,6 @@ fn idle_to_sleep_puts_the_routed_replica_to_sleep_and_work_wakes_one() {
     let woken = wakes[0].0.clone();
     answer(&mut h, &woken, ProbeKind::Wake, ok());
     answer(&mut h, &woken, ProbeKind::Warmup, ok());
-    assert_eq!(h.node.replicas[&woken].state, ReplicaState::Routed);
+    assert_eq!(h.node.held.replicas()[&woken].state, ReplicaState::Routed);
     assert!(!h.node.models["m"].idle_asleep);
 }
