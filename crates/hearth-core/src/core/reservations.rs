@@ -13,6 +13,8 @@
 //! Everything else about replicas (their state, probes, reasons) and devices (health, cordons,
 //! readings) is changed through `replicas_mut` and `gpus_mut`.
 
+#[cfg(test)]
+mod books;
 mod replicas;
 
 pub(super) use replicas::{Handle, Replicas};
@@ -23,6 +25,8 @@ use super::ports::PortPool;
 use super::replica::{Replica, ReplicaId};
 use super::Time;
 use crate::config::PortRange;
+#[cfg(test)]
+pub(in crate::core) use books::BooksBroken;
 
 /// How an adopted replica's port is booked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,21 +181,21 @@ impl Reservations {
     /// Ports and GPU reservations are exactly those of the live replicas, and the replica
     /// table's indexes agree with it.
     #[cfg(test)]
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BooksBroken> {
         self.replicas.check()?;
         let mut ports = std::collections::BTreeSet::new();
         for r in self.replicas.values() {
             if let Some(p) = r.port {
                 if !ports.insert(p) {
-                    return Err(format!("port {p} twice"));
+                    return Err(BooksBroken::PortTwice(p));
                 }
             }
         }
         if &ports != self.ports.in_use() {
-            return Err(format!(
-                "ports of replicas {ports:?}, the pool's books {:?}",
-                self.ports.in_use()
-            ));
+            return Err(BooksBroken::PortBooks {
+                replicas: ports,
+                pool: self.ports.in_use().clone(),
+            });
         }
         Ok(())
     }

@@ -14,6 +14,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+#[cfg(test)]
+use super::BooksBroken;
 use crate::core::replica::{Replica, ReplicaId};
 
 /// A replica's place in the table, for a pass that looks many up again without copying
@@ -215,64 +217,89 @@ impl Replicas {
     /// of that id, each model's index holds exactly the replicas of that model, and no slot is
     /// both used and free.
     #[cfg(test)]
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BooksBroken> {
         let mut indexed = 0;
         for (model, ids) in &self.by_model {
             if ids.is_empty() {
-                return Err(format!("model {model}: an empty index is kept"));
+                return Err(BooksBroken::EmptyModelIndex {
+                    model: model.clone(),
+                });
             }
-            for (id, slot) in ids {
-                if self.slot_of.get(id) != Some(slot) {
-                    return Err(format!("{id}: model {model}'s index has slot {slot}"));
+            for (id, &slot) in ids {
+                if self.slot_of.get(id) != Some(&slot) {
+                    return Err(BooksBroken::ModelIndexSlot {
+                        id: id.clone(),
+                        model: model.clone(),
+                        slot,
+                    });
                 }
                 indexed += 1;
             }
         }
         if indexed != self.slot_of.len() {
-            return Err(format!(
-                "{indexed} replicas in the models' indexes, {} by id",
-                self.slot_of.len()
-            ));
+            return Err(BooksBroken::IndexSizes {
+                in_models: indexed,
+                by_id: self.slot_of.len(),
+            });
         }
         for (id, &slot) in &self.slot_of {
             let Some(Some(r)) = self.slots.get(slot).map(|s| s.replica.as_ref()) else {
-                return Err(format!("{id}: slot {slot} is empty"));
+                return Err(BooksBroken::EmptySlot {
+                    id: id.clone(),
+                    slot,
+                });
             };
             if r.id != *id {
-                return Err(format!("{id}: slot {slot} holds {}", r.id));
+                return Err(BooksBroken::SlotHoldsAnother {
+                    id: id.clone(),
+                    slot,
+                    held: r.id.clone(),
+                });
             }
             if *r.shown_id != *id.0 {
-                return Err(format!("{id}: shown as {}", r.shown_id));
+                return Err(BooksBroken::ShownId {
+                    id: id.clone(),
+                    shown: r.shown_id.to_string(),
+                });
             }
             if r.shown_addr.as_deref() != r.port.map(crate::core::replica::addr).as_deref() {
-                return Err(format!(
-                    "{id}: port {:?} shown as {:?}",
-                    r.port, r.shown_addr
-                ));
+                return Err(BooksBroken::ShownAddr {
+                    id: id.clone(),
+                    port: r.port,
+                    shown: r.shown_addr.as_deref().map(str::to_string),
+                });
             }
             if !self
                 .by_model
                 .get(&r.model)
                 .is_some_and(|m| m.contains_key(id))
             {
-                return Err(format!("{id}: not in model {}'s index", r.model));
+                return Err(BooksBroken::MissingFromModel {
+                    id: id.clone(),
+                    model: r.model.to_string(),
+                });
             }
             if self.free.contains(&slot) {
-                return Err(format!("{id}: slot {slot} is also free"));
+                return Err(BooksBroken::SlotAlsoFree {
+                    id: id.clone(),
+                    slot,
+                });
             }
         }
         let used = self.slots.iter().filter(|s| s.replica.is_some()).count();
         if used != self.slot_of.len() || used + self.free.len() != self.slots.len() {
-            return Err(format!(
-                "{used} slots used, {} free, {} in all, {} replicas",
-                self.free.len(),
-                self.slots.len(),
-                self.slot_of.len()
-            ));
+            return Err(BooksBroken::SlotCounts {
+                used,
+                free: self.free.len(),
+                slots: self.slots.len(),
+                replicas: self.slot_of.len(),
+            });
         }
         let ids: Vec<&ReplicaId> = self.keys().collect();
         if ids.len() != self.slot_of.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(format!("the walk in id order gave {ids:?}"));
+            return Err(BooksBroken::WalkOrder {
+                walk: ids.into_iter().cloned().collect(),
+            });
         }
         Ok(())
     }
@@ -364,5 +391,56 @@ mod tests {
         assert!(t.at(h).is_none());
         assert!(t.unordered().any(|(_, r)| r.id.0 == "z-1"));
         t.check().unwrap();
+    }
+
+    /// The check can fail: each way the indexes could drift apart is told by its breach.
+    #[test]
+    fn the_check_names_each_drift_of_the_indexes() {
+        let h = Harness::new(&format!("{BASE}{}", model("a", "", "")));
+        let spec = Arc::clone(h.node.models.get("a").unwrap().launch_spec());
+        let table = || {
+            let mut t = Replicas::default();
+            for n in 1..=3 {
+                t.insert(Replica::new("a", n, Arc::clone(&spec), Time::ZERO, 0));
+            }
+            t.check().unwrap();
+            t
+        };
+        let a = |n: u64| ReplicaId::new("a", n);
+
+        let mut t = table();
+        let slot = t.slot_of[&a(1)];
+        t.free.push(slot);
+        assert_eq!(t.check(), Err(BooksBroken::SlotAlsoFree { id: a(1), slot }));
+
+        let mut t = table();
+        let other = t.slot_of[&a(2)];
+        t.slot_of.insert(a(1), other);
+        assert!(
+            matches!(t.check(), Err(BooksBroken::ModelIndexSlot { ref id, .. }) if *id == a(1)),
+            "{:?}",
+            t.check()
+        );
+
+        let mut t = table();
+        t.by_model.get_mut("a").unwrap().remove(&a(3));
+        assert_eq!(
+            t.check(),
+            Err(BooksBroken::IndexSizes {
+                in_models: 2,
+                by_id: 3
+            })
+        );
+
+        let mut t = table();
+        let slot = t.slot_of[&a(2)];
+        t.slots[slot].replica.as_mut().unwrap().shown_id = Arc::from("a-9");
+        assert_eq!(
+            t.check(),
+            Err(BooksBroken::ShownId {
+                id: a(2),
+                shown: "a-9".into()
+            })
+        );
     }
 }
