@@ -88,6 +88,8 @@ pub struct Model {
     /// `start_alone`; None leaves the default (true).
     pub start_alone: Option<bool>,
     pub priority: Option<i32>,
+    /// `pin`; None leaves the default (false).
+    pub pin: Option<bool>,
     pub prefetch: Vec<String>,
     /// `slots`; None leaves the default (1).
     pub slots: Option<u32>,
@@ -118,6 +120,7 @@ impl Model {
             device_naming: None,
             start_alone: None,
             priority: None,
+            pin: None,
             prefetch: Vec::new(),
             slots: None,
             stop_grace: "2s".into(),
@@ -255,6 +258,7 @@ impl Model {
             device_naming: self.device_naming.as_deref(),
             start_alone: self.start_alone,
             priority: self.priority,
+            pin: self.pin,
             prefetch: (!self.prefetch.is_empty()).then_some(&self.prefetch[..]),
             slots: self.slots,
             stop_grace: &self.stop_grace,
@@ -320,6 +324,7 @@ struct ModelSection<'a> {
     device_naming: Option<&'a str>,
     start_alone: Option<bool>,
     priority: Option<i32>,
+    pin: Option<bool>,
     prefetch: Option<&'a [String]>,
     slots: Option<u32>,
     stop_grace: &'a str,

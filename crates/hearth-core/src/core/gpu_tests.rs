@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::harness::{
-    error_code, gpu_model, on_device, routed_sets, signals, spawns, Harness, BASE,
+    error_code, gpu_model, on_device, one_device, routed_sets, signals, spawns, Harness, BASE,
 };
 use super::*;
 use crate::protocol::Health;
@@ -193,17 +193,6 @@ fn an_unhealthy_device_stays_unhealthy_until_uncordon() {
     assert!(h.node.held.gpus().slots[1].healthy && !h.node.held.gpus().slots[1].evacuate);
 }
 
-const ONE_DEVICE: &str = r#"
-[daemon]
-socket = "/tmp/hearth-test.sock"
-ports = "30000-30099"
-[gpus]
-backend = "static"
-[[gpus.device]]
-uuid = "GPU-a"
-memory = "80GiB"
-"#;
-
 fn reload(h: &mut Harness, toml: &str) -> Vec<Action> {
     h.reload(toml)
 }
@@ -216,13 +205,13 @@ fn a_higher_priority_model_reclaims_a_lower_priority_warm_replica_on_a_full_devi
         "priority = 0\nstart_alone = false",
         "min = 1\nmax = 2\nwarm_pool = 1",
     );
-    let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
+    let mut h = Harness::new(&format!("{}{low}", one_device("80GiB")));
     let first = h.log.clone();
     h.settle(first);
     assert_eq!(on_device(&h, "GPU-a").len(), 2, "the device is full");
     let warm = h.in_state("low", ReplicaState::Warm);
     let high = gpu_model("high", "40GiB", "priority = 10", "min = 1\nmax = 2");
-    let out = reload(&mut h, &format!("{ONE_DEVICE}{low}{high}"));
+    let out = reload(&mut h, &format!("{}{low}{high}", one_device("80GiB")));
     assert_eq!(
         signals(&out, StopSignal::Term),
         warm,
@@ -260,7 +249,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
         "priority = 0\nstart_alone = false",
         "min = 1\nmax = 2\nwarm_pool = 0",
     );
-    let mut h = Harness::new(&format!("{ONE_DEVICE}{low}"));
+    let mut h = Harness::new(&format!("{}{low}", one_device("80GiB")));
     let first = h.log.clone();
     h.settle(first);
     h.ask(
@@ -281,7 +270,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     assert_eq!(routed_total(&h, "low"), 2);
     // An equal-priority model may not take routed capacity.
     let same = gpu_model("same", "40GiB", "priority = 0", "min = 1\nmax = 1");
-    let out = reload(&mut h, &format!("{ONE_DEVICE}{low}{same}"));
+    let out = reload(&mut h, &format!("{}{low}{same}", one_device("80GiB")));
     assert!(signals(&out, StopSignal::Term).is_empty());
     assert!(h.in_state("low", ReplicaState::Draining).is_empty());
     assert_eq!(
@@ -290,7 +279,7 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
     );
     // A higher-priority one drains one routed replica (never killed), down to low's min only.
     let high = gpu_model("high", "40GiB", "priority = 5", "min = 2\nmax = 2");
-    reload(&mut h, &format!("{ONE_DEVICE}{low}{high}"));
+    reload(&mut h, &format!("{}{low}{high}", one_device("80GiB")));
     let draining = h.in_state("low", ReplicaState::Draining);
     assert_eq!(draining.len(), 1);
     assert_eq!(h.node.models["low"].desired_routed, 1);
@@ -308,7 +297,8 @@ fn routed_replicas_are_reclaimed_only_above_min_and_only_by_higher_priority() {
 #[test]
 fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
     let toml = format!(
-        "{ONE_DEVICE}{}",
+        "{}{}",
+        one_device("80GiB"),
         gpu_model("m", "30GiB", "", "min = 1\nmax = 3")
     );
     let mut h = Harness::new(&toml);
@@ -376,7 +366,8 @@ fn memory_held_by_others_is_not_capacity_and_overruns_are_reported() {
 fn prefetch_progress_shows_in_the_starting_replicas_reason_and_late_reports_are_ignored() {
     const GIB: u64 = 1 << 30;
     let toml = format!(
-        "{ONE_DEVICE}{}",
+        "{}{}",
+        one_device("80GiB"),
         gpu_model(
             "m",
             "30GiB",
@@ -460,7 +451,8 @@ fn unavailable_process_memory_is_the_replica_s_once_and_never_foreign_as_well() 
     const GIB: u64 = 1 << 30;
     // An 80 GiB card and 38 GiB replicas: two fit only if the first one's bytes count once.
     let toml = format!(
-        "{ONE_DEVICE}{}",
+        "{}{}",
+        one_device("80GiB"),
         gpu_model("m", "38GiB", "", "min = 1\nmax = 2\nwarm_pool = 0")
     );
     let mut h = Harness::new(&toml);

@@ -45,6 +45,14 @@ uuid = "GPU-b"
 memory = "80GiB"
 "#;
 
+/// `BASE` with one device, `GPU-a`, of `memory` (a size, as the file writes it).
+pub fn one_device(memory: &str) -> String {
+    let (head, _) = BASE
+        .split_once("[[gpus.device]]")
+        .expect("BASE declares devices");
+    format!("{head}[[gpus.device]]\nuuid = \"GPU-a\"\nmemory = \"{memory}\"\n")
+}
+
 pub fn model(name: &str, extra: &str, scaling: &str) -> String {
     format!(
         r#"

@@ -67,6 +67,8 @@ mod reservations;
 mod scrape;
 mod scrape_error;
 mod sleep;
+#[cfg(test)]
+mod sleep_evict_tests;
 mod sleep_room;
 #[cfg(test)]
 mod sleep_room_tests;

@@ -108,6 +108,11 @@ pub struct ModelState {
     /// `idle_to_sleep` passed with no work: nothing is kept routed or warm (every replica
     /// sleeps) until work arrives (sleep_tier.rs).
     pub idle_asleep: bool,
+    /// Its last routed replica was put to sleep to make room for another model (reclaim.rs): as
+    /// under `idle_asleep`, nothing is kept routed, and only a request that waits for it (a
+    /// queue, or work in flight) wakes it, not the arrival rate left from before, which would
+    /// send the two models back and forth.
+    pub evicted: bool,
 }
 
 impl ModelState {
@@ -135,6 +140,7 @@ impl ModelState {
             wakes: Default::default(),
             needed: Default::default(),
             idle_asleep: false,
+            evicted: false,
         };
         m.desired_routed = m.routed_min();
         m

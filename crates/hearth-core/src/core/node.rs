@@ -180,6 +180,14 @@ impl Node {
         if m.removed {
             return;
         }
+        if m.evicted {
+            let waiting = signal
+                .is_some_and(|s| s.queue_depth > 0 || s.in_flight > 0 || s.oldest_wait_ms > 0.0);
+            if m.desired_routed == 0 && !waiting {
+                return;
+            }
+            m.evicted = false;
+        }
         let inputs = Inputs {
             now,
             scaling: &m.config.scaling,

@@ -140,7 +140,7 @@ impl Node {
                     let Some(id) = self.held.replicas().at(h).map(|r| r.id.clone()) else {
                         continue;
                     };
-                    let why = match self.reclaim_for(&id, now, out) {
+                    let why = match self.reclaim_start(&id, now, out) {
                         Some(victim) => {
                             pass.iter_mut().for_each(|p| p.held = None);
                             format!("{why}; reclaiming the GPU of {victim}")

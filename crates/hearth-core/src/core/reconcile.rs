@@ -304,6 +304,7 @@ impl Node {
                     out,
                 );
             } else if hold > c.routed - 1 + c.warm + c.starting + c.pending + c.waking + c.sleeping
+                && self.sleepers_allowed(name) > 0
             {
                 self.begin_drain(&id, "scale down: to sleep once drained", now, out);
                 if let Some(r) = self.held.replicas_mut().get_mut(&id) {

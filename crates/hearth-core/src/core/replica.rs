@@ -94,7 +94,8 @@ pub struct Replica {
     pub scrape_next: Time,
     pub scrape_in_flight: bool,
     pub scrape_failing: bool,
-    /// Leaving because a higher-priority model reclaimed its GPUs (that model's name).
+    /// Giving way to another model that needs its GPUs (that model's name): stopping, or on
+    /// its way to sleep (cleared once asleep).
     pub reclaimed_for: Option<String>,
     /// GPU memory its processes hold, per device UUID, as NVML last said (None: the driver
     /// would not say for one of its processes).

@@ -153,13 +153,29 @@ impl Reservations {
         free(&mut self.gpus, id, &gpus, bytes);
     }
 
-    /// The devices as they would be without the replica's reservations (to ask what a
-    /// reclaim would free); None: no such replica.
-    pub fn gpus_without(&self, id: &ReplicaId) -> Option<GpuTable> {
-        let r = self.replicas.get(id)?;
+    /// The devices as they would be if each replica named held `bytes` on each of its devices
+    /// (0: none, as if released): to ask what putting replicas to sleep or stopping them would
+    /// free, before doing it.
+    pub fn gpus_after(&self, changes: &[(ReplicaId, u64)]) -> GpuTable {
         let mut trial = self.gpus.clone();
-        free(&mut trial, id, &r.gpus, r.gpu_bytes);
-        Some(trial)
+        for (id, bytes) in changes {
+            let Some(r) = self.replicas.get(id) else {
+                continue;
+            };
+            if *bytes == 0 {
+                free(&mut trial, id, &r.gpus, r.gpu_bytes);
+                continue;
+            }
+            for u in &r.gpus {
+                if let Some(s) = trial.slot_by_uuid_mut(u) {
+                    s.reserved = s
+                        .reserved
+                        .saturating_sub(r.gpu_bytes)
+                        .saturating_add(*bytes);
+                }
+            }
+        }
+        trial
     }
 
     /// The port pool, for tests that take ports behind the node's back.

@@ -66,6 +66,21 @@ impl Node {
         let Some(timeout) = self.sleep_config(id).map(|s| s.sleep_timeout) else {
             return;
         };
+        if let Err(full) = self.host_room_for(id) {
+            // A drained replica serves nothing and is out of the routed set: it stops, as a
+            // drain without a sleeping tier ends. A warm one stays in the pool.
+            let drained = self
+                .held
+                .replicas()
+                .get(id)
+                .is_some_and(|r| r.state == ReplicaState::Draining);
+            if drained {
+                self.stop(id, &full, false, now, out);
+            } else if let Some(r) = self.held.replicas_mut().get_mut(id) {
+                r.reason = full.into();
+            }
+            return;
+        }
         if self.enter_phase(id, ReplicaState::FallingAsleep, timeout, why, now, out) {
             if let Some(r) = self.held.replicas_mut().get_mut(id) {
                 r.then_sleep = false;
@@ -146,6 +161,8 @@ impl Node {
         self.shrink_asleep(id);
         if let Some(r) = self.held.replicas_mut().get_mut(id) {
             r.next_probe = now + recheck;
+            // Asleep, it has given way: the model it slept for may now wake or start.
+            r.reclaimed_for = None;
         }
         self.log(
             LogLevel::Info,
@@ -156,11 +173,14 @@ impl Node {
         );
     }
 
-    /// Wakes a sleeping replica: the wake requests, then the warm-up.
+    /// Wakes a sleeping replica: the wake requests, then the warm-up. Without room on its
+    /// devices it waits asleep; `reclaim` (a wake for the routed set, not for the pool): other
+    /// models' idle replicas there are put to sleep for it (reclaim.rs).
     pub(super) fn begin_wake(
         &mut self,
         id: &ReplicaId,
         why: &str,
+        reclaim: bool,
         now: Time,
         out: &mut Vec<Action>,
     ) {
@@ -168,8 +188,22 @@ impl Node {
             return;
         };
         if let Err(no_room) = self.grow_to_wake(id) {
+            let devices = self
+                .held
+                .replicas()
+                .get(id)
+                .map(|r| r.gpus.clone())
+                .unwrap_or_default();
+            let need = super::reclaim::Need::Wake {
+                devices: &devices,
+                more: no_room.needs,
+            };
+            let why = match reclaim.then(|| self.reclaim_for(id, need, now, out)) {
+                Some(Some(v)) => format!("{no_room}; {v} gives way"),
+                _ => no_room.to_string(),
+            };
             if let Some(r) = self.held.replicas_mut().get_mut(id) {
-                r.reason = no_room.to_string().into();
+                r.reason = why.into();
             }
             return;
         }

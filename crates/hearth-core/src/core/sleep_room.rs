@@ -1,7 +1,12 @@
 //! What a sleeping replica holds on its GPUs: `[model.sleep] gpu_memory_asleep` (the CUDA
 //! context), not its awake `gpu_memory`. Its reservation shrinks once it is asleep and grows
 //! back before its first wake request, so several models can share a device with one awake at
-//! a time. A wake that finds no room on its devices waits, asleep, and is asked again.
+//! a time. A wake that finds no room on its devices waits, asleep, and is asked again (and
+//! reclaim.rs looks for other models' idle replicas to put to sleep for it).
+//!
+//! And what it holds in host RAM (`[model.sleep] host_memory`, vLLM's weights at level 1):
+//! every replica asleep, falling asleep or draining to sleep counts against `[daemon]
+//! host_memory`, and one that would go beyond it is not put to sleep.
 
 use super::node::Node;
 use super::replica::{ReplicaId, ReplicaState};
@@ -81,5 +86,71 @@ impl Node {
         }
         self.held.resize(id, awake);
         Ok(())
+    }
+
+    /// What one of the model's replicas holds in host RAM while asleep.
+    pub(super) fn host_memory_of(&self, model: &str) -> u64 {
+        self.models
+            .get(model)
+            .and_then(|m| m.config.sleep.as_ref())
+            .map_or(0, |s| s.host_memory)
+    }
+
+    /// What sleeping replicas hold in host RAM now: those asleep, falling asleep, or draining
+    /// to sleep (their RAM is spoken for).
+    pub(super) fn host_memory_held(&self) -> u64 {
+        self.held
+            .replicas()
+            .values()
+            .filter(|r| match r.state {
+                ReplicaState::Sleeping | ReplicaState::FallingAsleep => true,
+                ReplicaState::Draining => r.then_sleep,
+                _ => false,
+            })
+            .map(|r| self.host_memory_of(&r.model))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Host RAM `[daemon] host_memory` leaves for more sleeping replicas; None: not bounded.
+    pub(super) fn host_memory_room(&self) -> Option<u64> {
+        let budget = self.config.daemon.host_memory?;
+        Some(budget.saturating_sub(self.host_memory_held()))
+    }
+
+    /// How many more of the model's replicas may go to sleep within `[daemon] host_memory`.
+    pub(super) fn sleepers_allowed(&self, model: &str) -> u32 {
+        let each = self.host_memory_of(model);
+        match self.host_memory_room() {
+            Some(room) if each > 0 => u32::try_from(room / each).unwrap_or(u32::MAX),
+            _ => u32::MAX,
+        }
+    }
+
+    /// The replica may go to sleep within `[daemon] host_memory`; Err: why not.
+    pub(super) fn host_room_for(&self, id: &ReplicaId) -> Result<(), String> {
+        let (Some(budget), Some(r)) =
+            (self.config.daemon.host_memory, self.held.replicas().get(id))
+        else {
+            return Ok(());
+        };
+        let own = self.host_memory_of(&r.model);
+        // A replica draining to sleep is counted already.
+        let counted = r.state == ReplicaState::Draining && r.then_sleep;
+        let held = self.host_memory_held();
+        let others = if counted {
+            held.saturating_sub(own)
+        } else {
+            held
+        };
+        if others.saturating_add(own) <= budget {
+            return Ok(());
+        }
+        Err(format!(
+            "not put to sleep: it would hold {} of host RAM, and sleeping replicas hold {} of \
+             daemon.host_memory {}",
+            short(own),
+            short(others),
+            short(budget)
+        ))
     }
 }

@@ -7,17 +7,6 @@ use super::*;
 
 const GIB: u64 = 1 << 30;
 
-const DEVICE: &str = r#"
-[daemon]
-socket = "/tmp/hearth-test.sock"
-ports = "30000-30099"
-[gpus]
-backend = "static"
-[[gpus.device]]
-uuid = "GPU-a"
-memory = "100GiB"
-"#;
-
 /// `m`: 30 GiB awake, 1 GiB asleep, min 3 (one routed, two asleep); `b`: 60 GiB, scaled by
 /// hand.
 fn config() -> String {
@@ -39,7 +28,7 @@ fn config() -> String {
         "start_alone = false",
         "min = 0\nmax = 1\nwarm_pool = 0",
     );
-    format!("{DEVICE}{m}{b}")
+    format!("{}{m}{b}", one_device("100GiB"))
 }
 
 fn ok() -> ProbeOutcome {

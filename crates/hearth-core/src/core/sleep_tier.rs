@@ -53,6 +53,11 @@ impl WakeTimes {
         v.get(rank - 1).copied()
     }
 
+    /// The median of the recent wakes: what waking one back is expected to cost.
+    pub fn p50(&self) -> Option<Duration> {
+        self.percentile(0.5)
+    }
+
     pub fn view(&self) -> WakeView {
         let ms = |d: Duration| d.as_millis() as u64;
         WakeView {
@@ -174,8 +179,13 @@ impl Node {
             |r| (r.probe_failures > 0, r.n),
             short as usize,
         );
+        // The first ones are for the routed set, and may take room from other models; the
+        // rest refill the pool, which never does.
+        let mut for_routed = desired.saturating_sub(c.routed + c.waking);
         for id in ids {
-            self.begin_wake(&id, "scale up: routed replicas wanted", now, out);
+            let reclaim = for_routed > 0;
+            for_routed = for_routed.saturating_sub(1);
+            self.begin_wake(&id, "scale up: routed replicas wanted", reclaim, now, out);
             c.waking += 1;
             c.sleeping = c.sleeping.saturating_sub(1);
         }
@@ -198,7 +208,12 @@ impl Node {
             .models
             .get(model)
             .map_or(Duration::ZERO, |m| m.config.scaling.stale_after);
-        let to_sleep = c.warm.saturating_sub(keep).min(room);
+        // Within `[daemon] host_memory`: the others stay awake, in the pool (sleep_room.rs).
+        let to_sleep = c
+            .warm
+            .saturating_sub(keep)
+            .min(room)
+            .min(self.sleepers_allowed(model));
         // Only what serves nothing: a warm replica still finishing work that left the routed
         // set is not put to sleep yet. The newest first, as surplus stops go.
         let ids = self.ranked_first(

@@ -41,8 +41,14 @@ impl World {
                 not_ready,
             } => {
                 let r = replica(self, i);
-                let kind = [ProbeKind::Warmup, ProbeKind::Recheck, ProbeKind::Liveness]
-                    [usize::from(kind) % 3];
+                let kind = [
+                    ProbeKind::Warmup,
+                    ProbeKind::Recheck,
+                    ProbeKind::Liveness,
+                    ProbeKind::Sleep,
+                    ProbeKind::SleepState,
+                    ProbeKind::Wake,
+                ][usize::from(kind) % 6];
                 if ok && kind == ProbeKind::Warmup {
                     self.warm_passed(&r);
                 }

@@ -93,7 +93,51 @@ pub(super) fn configs() -> Vec<String> {
             head(&format!("30000-{}", 30000 + BIG_PORTS + 7)),
             a(&format!("min = 1\nmax = {BIG_PORTS}\nwarm_pool = 2"), "2")
         ),
+        // More models than GPUs (`SLEEPY`, `SLEEPY + 1`): three with a sleeping tier, two
+        // awake to a device, one of them above the others, within a host RAM budget for two
+        // asleep; then two that fit one awake to a device, with a pinned model, a warm pool
+        // and `idle_to_sleep`.
+        format!(
+            "{}{}{}{}",
+            head("30000-30031").replace("\n[gpus]", "host_memory = \"60GiB\"\n[gpus]"),
+            sleepy("e", "", "min = 2\nmax = 3\nwarm_pool = 0"),
+            sleepy("f", "priority = 5", "min = 2\nmax = 3\nwarm_pool = 0"),
+            sleepy("g", "", "min = 2\nmax = 3\nwarm_pool = 1"),
+        )
+        .replace("50GiB", "30GiB"),
+        format!(
+            "{}{}{}{}",
+            head("30000-30031").replace("\n[gpus]", "host_memory = \"60GiB\"\n[gpus]"),
+            sleepy("e", "", "min = 0\nmax = 2\nwarm_pool = 1"),
+            sleepy("g", "", "min = 1\nmax = 2\nwarm_pool = 0")
+                .replace("[model.sleep]\n", "[model.sleep]\nidle_to_sleep = \"2s\"\n"),
+            model(
+                "p",
+                "gpus = 1\ngpu_memory = \"20GiB\"\npin = true",
+                "min = 1\nmax = 1\nwarm_pool = 0",
+            ),
+        ),
     ]
+}
+
+/// Where the sleeping-tier configurations start.
+pub(super) const SLEEPY: usize = 10;
+
+/// A vLLM model with a sleeping tier on one GPU: 50 GiB awake, 1 GiB and 30 GiB of host RAM
+/// asleep.
+fn sleepy(name: &str, extra: &str, scaling: &str) -> String {
+    model(
+        name,
+        &format!("gpus = 1\ngpu_memory = \"50GiB\"\n{extra}"),
+        &format!(
+            "{scaling}\n[model.sleep]\nformat = \"vllm\"\nsleep_timeout = \"5s\"\n\
+             wake_timeout = \"10s\"\ngpu_memory_asleep = \"1GiB\"\nhost_memory = \"30GiB\""
+        ),
+    )
+    .replace(
+        r#"["server", "--port""#,
+        r#"["server", "--host", "127.0.0.1", "--port""#,
+    )
 }
 
 /// The configurations of the many-replica family: the range and `max` of `BIG_PORTS`, the
@@ -224,7 +268,7 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         4 => any::<u8>().prop_map(Step::Spawned),
         1 => any::<u8>().prop_map(Step::SpawnFailed),
         2 => any::<u8>().prop_map(Step::Exited),
-        5 => (any::<u8>(), 0u8..3, prop::bool::weighted(0.8), any::<bool>())
+        5 => (any::<u8>(), 0u8..6, prop::bool::weighted(0.8), any::<bool>())
             .prop_map(|(replica, kind, ok, not_ready)| Step::Probe { replica, kind, ok, not_ready }),
         1 => (any::<u8>(), any::<bool>(), hostile_u64(), hostile_u64(), prop::option::of(hostile_f64()), prop::option::of(hostile_u64()))
             .prop_map(|(replica, ok, depth, in_flight, wait, counter)| Step::Scraped { replica, ok, depth, in_flight, wait, counter }),

@@ -36,6 +36,7 @@ mod apply;
 mod inputs;
 mod many;
 mod restart;
+mod sleep;
 use inputs::{configs, step, Step};
 
 use super::replica::Replica;
@@ -373,6 +374,29 @@ impl World {
             for r in &holders {
                 assert_ne!(r.state, ReplicaState::Pending, "{} pending on a GPU", r.id);
             }
+            // Never over-committed: placement, wakes and evictions keep within the device.
+            let shared = holders.iter().all(|r| r.spec.gpu_memory.is_some());
+            if shared {
+                assert!(
+                    slot.reserved <= slot.device.memory_total,
+                    "{} reserved on {} of {}: {:?}",
+                    slot.reserved,
+                    slot.device.uuid,
+                    slot.device.memory_total,
+                    holders
+                        .iter()
+                        .map(|r| (r.id.to_string(), r.state, r.gpu_bytes))
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+        // And host RAM: what sleeping replicas hold stays within `[daemon] host_memory`.
+        if let Some(budget) = n.config.daemon.host_memory {
+            let held = n.host_memory_held();
+            assert!(
+                held <= budget,
+                "sleeping replicas hold {held} of host RAM, over the budget of {budget}"
+            );
         }
     }
 
@@ -485,7 +509,16 @@ impl World {
                 continue;
             }
             let routed = self.node.count(name, ReplicaState::Routed);
-            if routed >= m.min() {
+            // With `[model.sleep]`, `min` counts replicas awake or asleep, and the routed ones
+            // are at least `routed_min` (none once idle or put to sleep for another model).
+            // (A warm one kept awake where host RAM had no room for it to sleep counts too.)
+            let asleep = if m.config.sleep.is_some() {
+                self.node.count(name, ReplicaState::Sleeping)
+                    + self.node.count(name, ReplicaState::Warm)
+            } else {
+                0
+            };
+            if routed >= m.routed_min() && routed + asleep >= m.min() {
                 continue;
             }
             let spec = m.launch_spec();
