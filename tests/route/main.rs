@@ -11,3 +11,4 @@ mod limits;
 mod link;
 mod openai;
 mod replay;
+mod sleep_switch;

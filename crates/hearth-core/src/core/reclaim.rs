@@ -32,8 +32,10 @@ use crate::protocol::WatchEvent;
 const CANDIDATES: usize = 64;
 
 /// A routed replica is put to sleep for another model only once it has been routed this long:
-/// a replica just woken for its queue is not taken before that queue reached it.
-const ROUTED_SETTLE: Duration = Duration::from_secs(1);
+/// long enough for the front doors' reports (every 100 ms) made after its routing to show the
+/// work sent to it, so that one just woken for its queue is not taken before that queue reached
+/// it. (Each switch waits this long: it is kept short.)
+const ROUTED_SETTLE: Duration = Duration::from_millis(250);
 
 /// What needs the room.
 pub(super) enum Need<'a> {

@@ -300,6 +300,10 @@ fn the_one_quickest_to_wake_back_is_put_to_sleep_first() {
             w("c", c_wake);
             w("d", d_wake);
         }
+        // Both shown idle while neither has been routed long enough to give way: then both may.
+        for m in ["c", "d", "z"] {
+            door(&mut h, m, 0);
+        }
         let out = second(&mut h, None, 0);
         play(&mut h, out);
         assert_eq!(state(&h, "z"), [ReplicaState::Routed]);

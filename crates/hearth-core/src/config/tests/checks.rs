@@ -156,6 +156,32 @@ fn gpu_model(name: &str, gpus: u32, mem: &str, min: u32) -> String {
 }
 
 #[test]
+fn a_sleeping_tier_counts_its_minimum_asleep_and_one_awake() {
+    // Three models of 60 GiB with min 1 on one device of 100 GiB, and one with min 3: awake
+    // they cannot all be there; asleep (1 GiB each) beside one awake, they can.
+    let sleep = "[model.sleep]\nformat = \"vllm\"\ngpu_memory_asleep = \"1GiB\"\n";
+    let models: String = ["a", "b", "c"]
+        .iter()
+        .map(|n| gpu_model(n, 1, "60GiB", if *n == "c" { 3 } else { 1 }))
+        .collect();
+    let awake = gpus("static", &[100], &models);
+    fails_at(
+        Checks::Deployment,
+        &awake,
+        "model[2].scaling.min",
+        line_of(&awake, "min =", 2),
+    );
+    // vLLM's sleep endpoints: bound to loopback.
+    let asleep = awake
+        .replace("[model.scaling]\n", &format!("{sleep}[model.scaling]\n"))
+        .replace(
+            r#"["srv", "--port""#,
+            r#"["srv", "--host", "127.0.0.1", "--port""#,
+        );
+    parse_at(Checks::Deployment, &asleep).unwrap();
+}
+
+#[test]
 fn a_minimum_that_cannot_fit_the_static_devices_alone_is_refused() {
     // Two devices of 80 GiB hold two 50 GiB replicas, not three.
     let text = gpus("static", &[80, 80], &gpu_model("m", 1, "50GiB", 3));

@@ -175,6 +175,19 @@ impl Cx<'_> {
                     ));
                 }
             }
+            // With `[model.sleep]` on a share of its devices, `min` counts replicas asleep too:
+            // one must fit awake, and together they may all be asleep, each holding
+            // `gpu_memory_asleep` (a wake takes its room from others: core/reclaim.rs).
+            let (d, together) = match (&m.sleep, m.launch.gpu_memory) {
+                (Some(s), Some(awake)) => (
+                    fit::Demand { replicas: 1, ..d },
+                    fit::Demand {
+                        bytes: Some(s.gpu_memory_asleep.min(awake).max(1)),
+                        ..d
+                    },
+                ),
+                _ => (d, d),
+            };
             if !devices.fits_alone(&d) {
                 return Err(self.err(
                     &join(&mark.key, "scaling.min"),
@@ -189,7 +202,7 @@ impl Cx<'_> {
                     ),
                 ));
             }
-            asks.push((i, d));
+            asks.push((i, together));
         }
         let all: Vec<fit::Demand> = asks.iter().map(|(_, d)| *d).collect();
         if devices.together(&all) != fit::Fit::No {
