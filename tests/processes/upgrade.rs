@@ -346,3 +346,68 @@ fn a_new_binary_that_panics_while_adopting_falls_back_to_the_previous_one() {
 fn a_new_binary_whose_start_fails_while_adopting_falls_back_to_the_previous_one() {
     a_failed_adoption_falls_back("error");
 }
+
+/// A sleeping tier across `hearth upgrade`: the replicas asleep are taken back asleep (their
+/// state asked, not their warm-up, which would wake them), the same processes, none started.
+#[test]
+fn an_upgrade_keeps_sleeping_replicas_asleep_and_starts_none() {
+    let toy = Model::toy(
+        "s",
+        &[
+            "--host",
+            "127.0.0.1",
+            "--load-time",
+            "3s",
+            "--sleep-time",
+            "500ms",
+            "--wake-time",
+            "1s",
+        ],
+    )
+    .scale(3, 3, 0)
+    .sleep("format = \"vllm\"\nsleep_timeout = \"30s\"\nwake_timeout = \"30s\"");
+    let Some(d) = in_cgroup(Daemon::builder().model(toy)) else {
+        return;
+    };
+    let asleep = |r: &Vec<(String, i32, String)>| r.iter().filter(|x| x.2 == "sleeping").count();
+    let before = wait_until("1 routed, 2 asleep", Duration::from_secs(90), || {
+        // (`roster` wants a pid of each: only once none is pending.)
+        let started = d.replicas("s").iter().all(|r| r["pid"].is_u64());
+        let r = started.then(|| roster(&d, "s"))?;
+        (asleep(&r) == 2 && r.iter().any(|x| x.2 == "routed")).then_some(r)
+    });
+    let spawned = spawned_lines(&d);
+    d.cli_ok(&["upgrade"]);
+    let upgrade = &d.status()["daemon"]["upgrade"];
+    assert_eq!(upgrade["outcome"], "done", "{upgrade}");
+    assert_eq!(upgrade["kept"], 3, "{upgrade}");
+    // Taken back as they were: the same processes in the same states, for a while.
+    for _ in 0..10 {
+        assert_eq!(roster(&d, "s"), before, "{}", d.log_tail(40));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        d.log().contains("was sleeping"),
+        "adopted asleep: {}",
+        d.log_tail(40)
+    );
+    // Still asleep as the servers themselves say, and nothing was started.
+    for r in d.replicas("s") {
+        if r["state"] == "sleeping" {
+            let said = http(
+                &addr(&r),
+                "GET",
+                "/is_sleeping",
+                None,
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            assert_eq!(said.body, r#"{"is_sleeping":true}"#, "{r}");
+        }
+    }
+    assert_eq!(
+        spawned_lines(&d),
+        spawned,
+        "no cold start across the upgrade"
+    );
+}

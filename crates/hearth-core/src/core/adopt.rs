@@ -199,10 +199,13 @@ impl Node {
         }
         match (how, rec.state) {
             (_, ReplicaState::Pending) => Some("it was never started".into()),
-            // Taking a sleeping replica back (its state asked, not its warm-up, which would
-            // wake it) is not built yet.
-            (_, ReplicaState::FallingAsleep | ReplicaState::Sleeping | ReplicaState::Waking) => {
-                Some("it was asleep or on its way there or back".into())
+            // Half-way: its sleep or wake requests were answered by the previous run, which
+            // this one cannot pick up. Stopped and replaced.
+            (_, ReplicaState::FallingAsleep | ReplicaState::Waking) => {
+                Some("it was on its way to sleep or back".into())
+            }
+            (_, ReplicaState::Sleeping) if m.config.sleep.is_none() => {
+                Some("it was asleep, and its model no longer has [model.sleep]".into())
             }
             (Adoption::Found, ReplicaState::Stopping) => {
                 Some("it was being stopped when hearth stopped".into())
@@ -252,6 +255,16 @@ impl Node {
         }
         let recheck = r.spec.warmup.recheck;
         match how {
+            // Asleep, found or handed over: taken back asleep, holding what it held asleep.
+            // Its health as a sleeper (its state request, or its liveness) is asked at once,
+            // never its warm-up, which would wake it: a process that says it is awake, or does
+            // not answer, fails it and it is replaced. The next wake is its warm-up.
+            _ if rec.state == ReplicaState::Sleeping => {
+                r.state = ReplicaState::Sleeping;
+                r.next_probe = now;
+                r.reason = "adopted asleep: its state is asked before it counts on it".into();
+                self.take_back(r, &rec, PortClaim::Range(rec.port));
+            }
             Adoption::HandedOver => {
                 r.state = rec.state;
                 r.next_probe = now + recheck;

@@ -133,3 +133,91 @@ fn another_model_takes_the_room_sleepers_left_and_a_wake_without_room_waits() {
     woken.extend(wakes(&h.send(Event::Tick)));
     assert!(!woken.is_empty(), "{out:?}");
 }
+
+#[test]
+fn a_restart_takes_the_sleeping_replicas_back_asleep_and_a_wake_needs_no_cold_start() {
+    for how in [Adoption::Found, Adoption::HandedOver] {
+        let (old, asleep) = two_asleep();
+        let ledger = old.node.ledger();
+        let mut h = Harness::bare(&config());
+        let mut out = h.send(Event::Adopt { how, ledger });
+        assert!(
+            signals(&out, StopSignal::Term).is_empty(),
+            "{how:?}: none stopped: {out:?}"
+        );
+        for id in &asleep {
+            let r = &h.node.held.replicas()[id];
+            assert_eq!(r.state, ReplicaState::Sleeping, "{how:?}");
+            assert_eq!(r.gpu_bytes, GIB, "{how:?}: what it held asleep");
+        }
+        assert_eq!(h.reserved_on("GPU-a").unwrap().0, 32 * GIB, "{how:?}");
+        // Their state is asked at the first tick (never their warm-up, which would wake them).
+        out.extend(h.send(Event::Tick));
+        let mut asked: Vec<ReplicaId> = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::Probe { replica, kind, .. } if *kind == ProbeKind::SleepState => {
+                    Some(replica.clone())
+                }
+                Action::Probe { replica, kind, .. } if *kind == ProbeKind::Warmup => {
+                    assert!(
+                        !asleep.contains(replica),
+                        "{how:?}: a warm-up would wake it"
+                    );
+                    None
+                }
+                _ => None,
+            })
+            .collect();
+        asked.sort();
+        assert_eq!(asked, asleep, "{how:?}: {out:?}");
+        for id in &asleep {
+            answer(&mut h, id, ProbeKind::SleepState);
+            assert_eq!(h.node.held.replicas()[id].state, ReplicaState::Sleeping);
+        }
+        // A burst: both wake, and nothing is started.
+        h.node.models.get_mut("m").unwrap().desired_routed = 3;
+        let out = h.send(Event::Tick);
+        let mut woken = wakes(&out);
+        woken.sort();
+        assert_eq!(woken, asleep, "{how:?}: {out:?}");
+        assert_eq!(spawns(&out), 0, "{how:?}");
+    }
+}
+
+#[test]
+fn a_replica_found_half_way_to_sleep_or_asleep_without_a_sleeping_tier_is_replaced() {
+    let (mut old, asleep) = two_asleep();
+    // One of them was waking when the previous run ended.
+    let waking = asleep[0].clone();
+    old.node.models.get_mut("m").unwrap().desired_routed = 2;
+    let out = old.send(Event::Tick);
+    assert_eq!(wakes(&out), [waking.clone()]);
+    let ledger = old.node.ledger();
+    let mut h = Harness::bare(&config());
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger: ledger.clone(),
+    });
+    assert_eq!(signals(&out, StopSignal::Term), [waking.clone()]);
+    // The other is taken back (and, as the model wanted two routed, woken in its place).
+    assert!(matches!(
+        h.node.held.replicas()[&asleep[1]].state,
+        ReplicaState::Sleeping | ReplicaState::Waking
+    ));
+    // And where the file no longer gives the model a sleeping tier, the one asleep goes too.
+    let plain = config().replace(
+        "[model.sleep]\nformat = \"vllm\"\nsleep_timeout = \"5s\"\nwake_timeout = \"10s\"\n\
+         gpu_memory_asleep = \"1GiB\"\n",
+        "",
+    );
+    assert!(!plain.contains("[model.sleep]"), "{plain}");
+    let mut h = Harness::bare(&plain);
+    let out = h.send(Event::Adopt {
+        how: Adoption::Found,
+        ledger,
+    });
+    let mut stopped = signals(&out, StopSignal::Term);
+    stopped.sort();
+    assert_eq!(stopped, asleep);
+}
