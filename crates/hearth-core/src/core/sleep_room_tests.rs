@@ -192,14 +192,17 @@ fn a_replica_found_half_way_to_sleep_or_asleep_without_a_sleeping_tier_is_replac
     let waking = asleep[0].clone();
     old.node.models.get_mut("m").unwrap().desired_routed = 2;
     let out = old.send(Event::Tick);
-    assert_eq!(wakes(&out), [waking.clone()]);
+    assert_eq!(wakes(&out), std::slice::from_ref(&waking));
     let ledger = old.node.ledger();
     let mut h = Harness::bare(&config());
     let out = h.send(Event::Adopt {
         how: Adoption::Found,
         ledger: ledger.clone(),
     });
-    assert_eq!(signals(&out, StopSignal::Term), [waking.clone()]);
+    assert_eq!(
+        signals(&out, StopSignal::Term),
+        std::slice::from_ref(&waking)
+    );
     // The other is taken back (and, as the model wanted two routed, woken in its place).
     assert!(matches!(
         h.node.held.replicas()[&asleep[1]].state,
