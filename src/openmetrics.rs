@@ -41,3 +41,14 @@ pub fn family<L: EncodeLabelSet, M: EncodeMetric>(
     }
     Ok(())
 }
+
+/// One metric of no labels.
+pub fn single<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: M,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, value.metric_type())?;
+    value.encode(metric)
+}

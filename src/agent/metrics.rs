@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::inbox::{self, ShellMsg};
-use crate::openmetrics::{self, family};
+use crate::openmetrics::{self, family, single};
 use crate::protocol::StatusView;
 
 /// Every metric name starts with this.
@@ -242,6 +242,31 @@ impl Collector for Snapshot {
                 .map(|m| (model(&m.name), ConstCounter::new(m.restarts_total)))
                 .collect(),
         )?;
+        family(
+            &mut encoder,
+            "gave_way",
+            "Replicas put to sleep or stopped to make room for another model's start or wake, \
+             since the daemon started",
+            st.models
+                .iter()
+                .map(|m| (model(&m.name), ConstCounter::new(m.gave_way_total)))
+                .collect(),
+        )?;
+        let host = &st.daemon.sleeping_host_memory;
+        single(
+            &mut encoder,
+            "sleeping_host_memory_bytes",
+            "Host RAM held by sleeping replicas (their [model.sleep] host_memory)",
+            ConstGauge::new(host.held_bytes as i64),
+        )?;
+        if let Some(budget) = host.budget_bytes {
+            single(
+                &mut encoder,
+                "sleeping_host_memory_budget_bytes",
+                "[daemon] host_memory: what sleeping replicas may hold in host RAM",
+                ConstGauge::new(budget as i64),
+            )?;
+        }
         let gpu = |uuid: &str| [("gpu", uuid.to_string())];
         family(
             &mut encoder,
@@ -398,7 +423,7 @@ mod tests {
             "name": name, "version": "1", "health": "ok", "routed": 2, "warm": 1,
             "starting": 0, "pending": 0, "draining": 1, "desired_routed": 2, "min": 2, "max": 4,
             "warm_pool": 1, "target_wait_ms": 500, "signal": {}, "last_scale": null,
-            "restarts_total": 3, "replicas": []
+            "restarts_total": 3, "gave_way_total": 2, "replicas": []
         }))
         .unwrap()
     }
@@ -438,8 +463,10 @@ mod tests {
             nvlink: Vec::new(),
             asleep: Vec::new(),
         }];
+        let mut daemon: crate::protocol::DaemonView = Default::default();
+        daemon.sleeping_host_memory.held_bytes = 8 << 30;
         let text = r.render(StatusView {
-            daemon: Default::default(),
+            daemon: Box::new(daemon),
             models: vec![m, quiet],
             gpus,
         });
@@ -453,6 +480,8 @@ mod tests {
             "hearth_queue_oldest_wait_seconds{model=\"m\"} 0.25",
             "hearth_queue_depth{model=\"m\"} 7",
             "hearth_replica_restarts_total{model=\"m\"} 3",
+            "hearth_gave_way_total{model=\"m\"} 2",
+            "hearth_sleeping_host_memory_bytes 8589934592",
             "hearth_gpu_memory_reserved_bytes{gpu=\"GPU-a\"} 42949672960",
             "hearth_gpu_healthy{gpu=\"GPU-a\"} 1",
         ] {

@@ -3,7 +3,7 @@
 //! of the file.
 
 use super::node::Node;
-use crate::protocol::{ConfigFileState, ConfigFileView, DaemonView, UpgradeView};
+use crate::protocol::{ConfigFileState, ConfigFileView, DaemonView, HostMemoryView, UpgradeView};
 
 impl Node {
     /// The shell compared the file with the running configuration.
@@ -34,6 +34,10 @@ impl Node {
                 ..self.config_file.clone()
             },
             upgrade: self.upgrade.clone(),
+            sleeping_host_memory: HostMemoryView {
+                held_bytes: self.host_memory_held(),
+                budget_bytes: self.config.daemon.host_memory,
+            },
         }
     }
 }

@@ -113,6 +113,9 @@ pub struct ModelState {
     /// queue, or work in flight) wakes it, not the arrival rate left from before, which would
     /// send the two models back and forth.
     pub evicted: bool,
+    /// Its replicas that gave way to other models (reclaim.rs), and why the last did.
+    pub gave_way: u64,
+    pub last_gave_way: Option<String>,
 }
 
 impl ModelState {
@@ -141,6 +144,8 @@ impl ModelState {
             needed: Default::default(),
             idle_asleep: false,
             evicted: false,
+            gave_way: 0,
+            last_gave_way: None,
         };
         m.desired_routed = m.routed_min();
         m

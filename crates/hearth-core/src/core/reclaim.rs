@@ -306,6 +306,10 @@ impl Node {
             return;
         };
         v.reclaimed_for = Some(model.to_string());
+        if let Some(vm) = self.models.get_mut(&c.model) {
+            vm.gave_way += 1;
+            vm.last_gave_way = Some(format!("{}: {why}", c.id));
+        }
         self.log(LogLevel::Info, &c.model, Some(&c.id), why.to_string(), out);
         if c.routed {
             // The victim's model gives up one routed replica: its autoscaler owns the count, and

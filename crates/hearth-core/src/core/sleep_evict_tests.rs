@@ -167,6 +167,18 @@ fn a_start_puts_an_idle_model_to_sleep_and_a_request_for_it_wakes_it_back() {
         a.reason
     );
     assert_eq!(h.node.models["a"].desired_routed, 0);
+    let a = h
+        .status()
+        .models
+        .into_iter()
+        .find(|m| m.name == "a")
+        .unwrap();
+    assert_eq!(a.gave_way_total, 1);
+    let why = a.last_gave_way.unwrap_or_default();
+    assert!(
+        why.starts_with("a-1: put to sleep for a start of model b"),
+        "{why}"
+    );
 
     // A minute of quiet, with `a`'s arrival rate gone or not: `a` stays asleep, `b` routed.
     for _ in 0..60 {
@@ -354,6 +366,11 @@ fn host_memory_bounds_the_sleepers_and_a_replica_that_cannot_sleep_is_not_taken(
         ]
     );
     assert_eq!(h.node.host_memory_held(), 8 * GIB);
+    let shown = h.status().daemon.sleeping_host_memory;
+    assert_eq!(
+        (shown.held_bytes, shown.budget_bytes),
+        (8 * GIB, Some(10 * GIB))
+    );
     let warm = h.in_state("a", ReplicaState::Warm);
     let r = &h.node.held.replicas()[&warm[0]];
     assert!(

@@ -152,6 +152,8 @@ impl Node {
             wake: m.config.sleep.as_ref().map(|_| m.wakes.view()),
             restarts_total: m.total_restarts,
             drained: m.overrides.drained,
+            gave_way_total: m.gave_way,
+            last_gave_way: m.last_gave_way.clone(),
             replicas: replicas
                 .iter()
                 .map(|r| ReplicaView {

@@ -18,6 +18,19 @@ pub struct DaemonView {
     /// one.
     #[serde(default)]
     pub upgrade: Option<UpgradeView>,
+    /// What sleeping replicas hold in host RAM, against `[daemon] host_memory`.
+    #[serde(default)]
+    pub sleeping_host_memory: HostMemoryView,
+}
+
+/// `status.daemon.sleeping_host_memory`: the host RAM that replicas asleep, falling asleep or
+/// draining to sleep hold (each its model's `[model.sleep] host_memory`), and the budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemoryView {
+    pub held_bytes: u64,
+    /// `[daemon] host_memory`; None: not bounded.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
 }
 
 /// `status.daemon.config_file`: the configuration file a reload reads, and whether it is what

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use daemon_view::{
-    ConfigFileState, ConfigFileView, DaemonView, UpgradeOutcome, UpgradePlan, UpgradeView,
+    ConfigFileState, ConfigFileView, DaemonView, HostMemoryView, UpgradeOutcome, UpgradePlan,
+    UpgradeView,
 };
 pub use lines::{decode_answer, encode_answer, parse_request, AnswerError};
 pub use views::{

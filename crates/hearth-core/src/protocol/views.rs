@@ -149,10 +149,21 @@ pub struct ModelView {
     /// answer balancers `drain` for it; its replicas keep running.
     #[serde(default)]
     pub drained: bool,
+    /// Its replicas that gave way to other models (put to sleep, or stopped, for their starts
+    /// or wakes: docs/sleep.md, "More models than GPUs") since the daemon started.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub gave_way_total: u64,
+    /// Why the last of them did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_gave_way: Option<String>,
     pub replicas: Vec<ReplicaView>,
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
