@@ -25,6 +25,8 @@ pub struct Capacity {
     pub max: u32,
     pub warm: u32,
     pub can_start: bool,
+    /// Replicas asleep (`[model.sleep]`): `/v1/models` says the model's tier from it.
+    pub asleep: u32,
 }
 
 /// A model's load as the queue holds it now.

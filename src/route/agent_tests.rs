@@ -19,6 +19,7 @@ fn model() -> ModelInput {
             max: 4,
             warm: 1,
             can_start: true,
+            asleep: 0,
         }),
         draining: false,
         daemon_gone_for: None,
@@ -63,6 +64,7 @@ fn saturated_never_reads_as_drain_from_load_alone() {
         max: 2,
         warm: 0,
         can_start: false,
+        asleep: 0,
     });
     assert_eq!(line(&model_answer("m", &m, 1)), "up ready 13% maxconn:108");
     // One slot's worth (of 2 × 4): HAProxy's weight 8 × 13 % = 1, never 0 (DRAIN).
@@ -78,6 +80,7 @@ fn saturated_never_reads_as_drain_from_load_alone() {
         max: 4,
         warm: 0,
         can_start: true,
+        asleep: 0,
     });
     assert_eq!(
         line(&model_answer("m", &zero, 1)),
@@ -92,6 +95,7 @@ fn saturated_never_reads_as_drain_from_load_alone() {
         max: 4,
         warm: 0,
         can_start: true,
+        asleep: 0,
     });
     assert_eq!(
         line(&model_answer("m", &busy, 1)),
@@ -156,6 +160,7 @@ fn a_model_nothing_can_serve_is_down() {
         max: 4,
         warm: 0,
         can_start: false,
+        asleep: 0,
     });
     assert!(line(&model_answer("m", &m, 1)).starts_with("down #m: no replica"));
     // Before the daemon said anything of it, with nothing routed: the same.
@@ -167,6 +172,7 @@ fn a_model_nothing_can_serve_is_down() {
         max: 4,
         warm: 1,
         can_start: false,
+        asleep: 0,
     });
     assert_eq!(line(&model_answer("m", &m, 1)), "up ready 25% maxconn:104");
 }
@@ -188,6 +194,7 @@ fn the_host_as_a_whole_adds_its_models_up() {
             max: 2,
             warm: 0,
             can_start: false,
+            asleep: 0,
         }),
         ..model()
     };

@@ -111,8 +111,22 @@ fn health(router: &Router, method: &Method) -> Response<RouteBody> {
 /// One entry of `/v1/models`: a model (or an alias of one) and its state here.
 fn model_entry(router: &Router, states: &[ModelState], id: &str, model: usize) -> Value {
     let s = &states[model];
+    let cap = router.capacity(model);
+    let (warm, asleep) = cap.map_or((0, 0), |c| (c.warm, c.asleep));
+    // Where a request finds it: awake and routed, ready in the pool (milliseconds), asleep (a
+    // wake: seconds), or none of these (a cold start); unknown until the daemon said.
+    let tier = match (s.routed, warm, asleep) {
+        (1.., _, _) => "routed",
+        (0, 1.., _) => "warm",
+        (0, 0, 1..) => "asleep",
+        _ if cap.is_none() => "unknown",
+        _ => "cold",
+    };
     let mut hearth = json!({
         "state": if s.routed > 0 { "serving" } else { "waiting" },
+        "tier": tier,
+        "warm": warm,
+        "asleep": asleep,
         "routed": s.routed,
         "slots": s.slots,
         "in_flight": s.running,

@@ -16,6 +16,7 @@ fn cap(drained: bool) -> Capacity {
         max: 2,
         warm: 0,
         can_start: true,
+        asleep: 0,
     }
 }
 

@@ -96,6 +96,7 @@ async fn watch_once(
                 max,
                 warm,
                 can_start,
+                asleep,
             }) => {
                 if let Some(index) = router.settings.resolve_own(&model) {
                     router.set_capacity(
@@ -105,6 +106,7 @@ async fn watch_once(
                             max,
                             warm,
                             can_start,
+                            asleep,
                         },
                     );
                 }

@@ -358,6 +358,11 @@ impl Router {
         self.fleet().set_capacity(model, c, Instant::now());
     }
 
+    /// The daemon's last capacity event for the model; None before one came.
+    pub fn capacity(&self, model: usize) -> Option<Capacity> {
+        self.fleet().capacity(model)
+    }
+
     /// Whether requests for the model are refused now (its drain is over).
     pub fn refusing(&self, model: usize) -> bool {
         self.refusing

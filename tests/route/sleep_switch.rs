@@ -4,8 +4,8 @@
 //! of 8 s, a sleep of 1 s, a wake of 2 s) and take turns on the other. Requests rotate over all
 //! four through the front door: every one is answered, each switch puts the idle model to
 //! sleep and wakes the one asked for (the same processes throughout: no cold start after the
-//! first), and `p` is never put to sleep. The switch times are printed beside the cold start,
-//! never asserted.
+//! first), and `p` is never put to sleep; `/v1/models` says which are routed and which
+//! asleep. The switch times are printed beside the cold start, never asserted.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -108,6 +108,32 @@ fn four_models_on_two_gpus_take_turns_by_sleep_and_wake_and_the_pinned_one_stays
         .map(|(id, (_, _, pid))| (id.clone(), *pid))
         .collect();
     assert!(pids.values().all(Option::is_some), "{t:?}");
+
+    // The front door's `/v1/models` says where each is: the awake ones routed, the others
+    // asleep.
+    let tiers = |addr| -> Option<BTreeMap<String, String>> {
+        let v: Value = serde_json::from_slice(&get(addr, "/v1/models").ok()?.body).ok()?;
+        v["data"]
+            .as_array()?
+            .iter()
+            .map(|m| {
+                Some((
+                    m["id"].as_str()?.to_string(),
+                    m["hearth"]["tier"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    };
+    let want: BTreeMap<String, String> = t
+        .values()
+        .map(|(m, s, _)| {
+            let tier = if s == "routed" { "routed" } else { "asleep" };
+            (m.clone(), tier.to_string())
+        })
+        .collect();
+    wait_until("/v1/models shows each model's tier", T, || {
+        (tiers(router.addr)? == want).then_some(())
+    });
 
     // Two rounds of requests over all four, one at a time.
     let mut switches: Vec<(String, Duration)> = Vec::new();

@@ -20,6 +20,7 @@ pub(super) struct Capacity {
     max: u32,
     warm: u32,
     can_start: bool,
+    asleep: u32,
 }
 
 impl Node {
@@ -65,6 +66,7 @@ impl Node {
             max: m.max(),
             warm: c.warm,
             can_start: !blocked && (c.starting > 0 || live < m.max()),
+            asleep: c.sleeping,
         })
     }
 
@@ -77,6 +79,7 @@ impl Node {
             max: c.max,
             warm: c.warm,
             can_start: c.can_start,
+            asleep: c.asleep,
         })
     }
 
@@ -98,6 +101,7 @@ impl Node {
                 max: c.max,
                 warm: c.warm,
                 can_start: c.can_start,
+                asleep: c.asleep,
             }));
         }
     }

@@ -347,6 +347,10 @@ pub enum WatchEvent {
         max: u32,
         warm: u32,
         can_start: bool,
+        /// Replicas asleep or on their way there (`[model.sleep]`): capacity a wake adds in
+        /// seconds. Absent from a daemon before the sleeping tier: none.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        asleep: u32,
     },
 }
 
