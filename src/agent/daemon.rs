@@ -180,7 +180,27 @@ impl Daemon {
         let gpu_kind = gpu_source.split(':').next().unwrap_or("gpus").to_string();
         // main.rs checked the directory (paths.rs) before anything was created.
         let overrides = state::load(&state_dir, &config)?;
-        let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now());
+        let host_ram = host_ram();
+        if config.models.iter().any(|m| m.sleep.is_some()) {
+            match (config.daemon.host_memory, host_ram) {
+                (Some(b), _) => tracing::info!(
+                    "sleeping replicas may hold {} of host RAM (daemon.host_memory)",
+                    crate::units::short_bytes(b)
+                ),
+                (None, Some(r)) => tracing::info!(
+                    "sleeping replicas may hold {} of host RAM: half of the host's {} \
+                     (daemon.host_memory sets it)",
+                    crate::units::short_bytes(r / 2),
+                    crate::units::short_bytes(r)
+                ),
+                (None, None) => tracing::warn!(
+                    "the host's RAM could not be read: what sleeping replicas hold in it is not \
+                     bounded (daemon.host_memory sets a bound)"
+                ),
+            }
+        }
+        let node = Node::new(config.clone(), inventory.devices(), overrides, clock.now())
+            .with_host_ram(host_ram);
 
         // Where replicas live (systemd scopes, a cgroup2 subtree, or process groups); what an
         // earlier run left there is adopted where its saved ledger proves it, the rest
@@ -555,4 +575,12 @@ fn gpu_of(ev: &Event) -> Option<String> {
         Event::GpuReading(r) => Some(r.uuid.clone()),
         _ => None,
     }
+}
+
+/// The host's RAM (sysinfo's total), for the default bound on what sleeping replicas hold.
+/// None where the system does not say.
+fn host_ram() -> Option<u64> {
+    let mut sys = sysinfo::System::new();
+    sys.refresh_memory();
+    Some(sys.total_memory()).filter(|t| *t > 0)
 }

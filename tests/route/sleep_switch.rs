@@ -37,7 +37,8 @@ fn sleepy(name: &str) -> Model {
     .startup_timeout("1m")
     .sleep(
         "format = \"vllm\"\nsleep_timeout = \"30s\"\nwake_timeout = \"30s\"\n\
-         gpu_memory_asleep = \"512MiB\"",
+         gpu_memory_asleep = \"512MiB\"\n\
+         host_memory = \"64MiB\"",
     )
 }
 

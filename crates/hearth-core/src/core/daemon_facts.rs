@@ -36,7 +36,7 @@ impl Node {
             upgrade: self.upgrade.clone(),
             sleeping_host_memory: HostMemoryView {
                 held_bytes: self.host_memory_held(),
-                budget_bytes: self.config.daemon.host_memory,
+                budget_bytes: self.host_memory_budget(),
             },
         }
     }

@@ -54,6 +54,8 @@ pub struct Node {
     pub(super) config_file: ConfigFileView,
     /// How the last upgrade ended, as the shell found it.
     pub(super) upgrade: Option<UpgradeView>,
+    /// The host's RAM (`with_host_ram`); None: not measured (the simulator, tests).
+    pub(super) host_ram: Option<u64>,
 }
 
 impl Node {
@@ -96,7 +98,15 @@ impl Node {
             events: 0,
             started: now,
             unread_warned: false,
+            host_ram: None,
         }
+    }
+
+    /// The host's RAM, as the shell measured it: without `[daemon] host_memory`, sleeping
+    /// replicas may hold half of it (`host_memory_budget`).
+    pub fn with_host_ram(mut self, bytes: Option<u64>) -> Node {
+        self.host_ram = bytes.filter(|b| *b > 0);
+        self
     }
 
     pub fn handle(&mut self, event: Event, now: Time) -> Vec<Action> {

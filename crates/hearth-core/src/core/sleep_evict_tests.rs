@@ -398,3 +398,26 @@ fn host_memory_bounds_the_sleepers_and_a_replica_that_cannot_sleep_is_not_taken(
     assert_eq!(h.in_state("a", ReplicaState::Sleeping).len(), 1);
     assert_eq!(h.in_state("a", ReplicaState::Routed).len(), 1);
 }
+
+#[test]
+fn without_daemon_host_memory_sleepers_may_hold_half_of_the_hosts_ram() {
+    let toml = format!("{}{}", one_device("100GiB"), sleepy("a", ""));
+    let mut h = Harness::new(&toml);
+    assert_eq!(h.status().daemon.sleeping_host_memory.budget_bytes, None);
+    h.node.host_ram = Some(20 * GIB);
+    assert_eq!(
+        h.status().daemon.sleeping_host_memory.budget_bytes,
+        Some(10 * GIB)
+    );
+    // Set in the file, the file's bound is the budget.
+    let set = toml.replace(
+        "ports = \"30000-30099\"",
+        "ports = \"30000-30099\"\nhost_memory = \"4GiB\"",
+    );
+    let mut h = Harness::new(&set);
+    h.node.host_ram = Some(20 * GIB);
+    assert_eq!(
+        h.status().daemon.sleeping_host_memory.budget_bytes,
+        Some(4 * GIB)
+    );
+}

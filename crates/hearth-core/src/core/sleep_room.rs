@@ -111,9 +111,19 @@ impl Node {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Host RAM `[daemon] host_memory` leaves for more sleeping replicas; None: not bounded.
+    /// What sleeping replicas may hold in host RAM: `[daemon] host_memory`, else half of the
+    /// host's RAM as the shell measured it (the rest is the servers' own and the system's);
+    /// None: not bounded (nothing measured).
+    pub(super) fn host_memory_budget(&self) -> Option<u64> {
+        self.config
+            .daemon
+            .host_memory
+            .or(self.host_ram.map(|r| r / 2))
+    }
+
+    /// Host RAM the budget leaves for more sleeping replicas; None: not bounded.
     pub(super) fn host_memory_room(&self) -> Option<u64> {
-        let budget = self.config.daemon.host_memory?;
+        let budget = self.host_memory_budget()?;
         Some(budget.saturating_sub(self.host_memory_held()))
     }
 
@@ -128,8 +138,7 @@ impl Node {
 
     /// The replica may go to sleep within `[daemon] host_memory`; Err: why not.
     pub(super) fn host_room_for(&self, id: &ReplicaId) -> Result<(), String> {
-        let (Some(budget), Some(r)) =
-            (self.config.daemon.host_memory, self.held.replicas().get(id))
+        let (Some(budget), Some(r)) = (self.host_memory_budget(), self.held.replicas().get(id))
         else {
             return Ok(());
         };
@@ -147,7 +156,7 @@ impl Node {
         }
         Err(format!(
             "not put to sleep: it would hold {} of host RAM, and sleeping replicas hold {} of \
-             daemon.host_memory {}",
+             the {} they may (daemon.host_memory, or half of the host's RAM)",
             short(own),
             short(others),
             short(budget)

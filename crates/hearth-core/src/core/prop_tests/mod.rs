@@ -391,7 +391,7 @@ impl World {
             }
         }
         // And host RAM: what sleeping replicas hold stays within `[daemon] host_memory`.
-        if let Some(budget) = n.config.daemon.host_memory {
+        if let Some(budget) = n.host_memory_budget() {
             let held = n.host_memory_held();
             assert!(
                 held <= budget,
