@@ -117,6 +117,9 @@ pub struct Replica {
     pub sleep_step: usize,
     /// Waking since (the first wake request): its wake time is measured from here.
     pub wake_started: Option<Time>,
+    /// Asleep and wanted awake, since when it has found no room on its devices and nothing
+    /// there that could give way (sleep.rs: past a cold start's time, it is replaced).
+    pub no_room_since: Option<Time>,
 }
 
 impl Replica {
@@ -166,6 +169,7 @@ impl Replica {
             then_sleep: false,
             sleep_step: 0,
             wake_started: None,
+            no_room_since: None,
         }
     }
 

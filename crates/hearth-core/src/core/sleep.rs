@@ -199,13 +199,27 @@ impl Node {
                 more: no_room.needs,
             };
             let why = match reclaim.then(|| self.reclaim_for(id, need, now, out)) {
-                Some(Some(v)) => format!("{no_room}; {v} gives way"),
-                _ => no_room.to_string(),
+                Some(Some(v)) => {
+                    if let Some(r) = self.held.replicas_mut().get_mut(id) {
+                        r.no_room_since = None;
+                    }
+                    format!("{no_room}; {v} gives way")
+                }
+                Some(None) => {
+                    if self.stuck_asleep(id, &no_room, now, out) {
+                        return;
+                    }
+                    no_room.to_string()
+                }
+                None => no_room.to_string(),
             };
             if let Some(r) = self.held.replicas_mut().get_mut(id) {
                 r.reason = why.into();
             }
             return;
+        }
+        if let Some(r) = self.held.replicas_mut().get_mut(id) {
+            r.no_room_since = None;
         }
         if self.enter_phase(id, ReplicaState::Waking, timeout, why, now, out) {
             if let Some(r) = self.held.replicas_mut().get_mut(id) {
@@ -214,6 +228,45 @@ impl Node {
             self.log_replica(id, format!("waking: {why}"), out);
             self.wake_next(id, Duration::ZERO, now, out);
         }
+    }
+
+    /// A wake for the routed set that finds no room on the replica's devices, and nothing
+    /// there that may give way (pinned or higher-priority models, work in flight): it waits
+    /// asleep, but no longer than a cold start would take (the model's last, else its
+    /// `startup_timeout`). Past that the wait costs more than a cold start, which may find
+    /// room on other devices: the replica is stopped (not a failure) and the reconciler starts
+    /// one in its place. True: stopped.
+    fn stuck_asleep(
+        &mut self,
+        id: &ReplicaId,
+        no_room: &super::sleep_room::NoRoomToWake,
+        now: Time,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let Some(r) = self.held.replicas().get(id) else {
+            return false;
+        };
+        let Some(m) = self.models.get(&r.model) else {
+            return false;
+        };
+        let cold = m
+            .time_to_ready
+            .unwrap_or(m.config_of(&r.spec).launch.warmup.startup_timeout);
+        let since = r.no_room_since.unwrap_or(now);
+        if now.since(since) < cold {
+            if let Some(r) = self.held.replicas_mut().get_mut(id) {
+                r.no_room_since = Some(since);
+            }
+            return false;
+        }
+        let why = format!(
+            "{no_room} for {}, longer than a cold start ({}): replaced by a start where there \
+             is room",
+            short_duration(now.since(since)),
+            short_duration(cold)
+        );
+        self.stop(id, &why, false, now, out);
+        true
     }
 
     /// The next wake request, or the warm-up once they are all answered.

@@ -268,7 +268,9 @@ fn a_higher_priority_model_puts_a_lower_one_to_sleep_and_it_cannot_take_the_room
     play(&mut h, out);
     assert_eq!(state(&h, "b"), [ReplicaState::Routed]);
     assert_eq!(state(&h, "a"), [ReplicaState::Sleeping]);
-    // A request for `a` waits; `b` is idle but of higher priority: `a` waits asleep, and says why.
+    // A request for `a` waits; `b` is idle but of higher priority: `a` waits asleep, and says
+    // why (within a cold start's time: 30 s).
+    h.node.models.get_mut("a").unwrap().time_to_ready = Some(Duration::from_secs(30));
     for _ in 0..5 {
         let out = second(&mut h, Some("a"), 1);
         let out = play(&mut h, out);
@@ -420,4 +422,79 @@ fn without_daemon_host_memory_sleepers_may_hold_half_of_the_hosts_ram() {
         h.status().daemon.sleeping_host_memory.budget_bytes,
         Some(4 * GIB)
     );
+}
+
+#[test]
+fn a_sleeper_whose_device_never_frees_waits_no_longer_than_a_cold_start_then_starts_elsewhere() {
+    // `a` and `b` on a device each; then a pinned `p` takes `a`'s device (it outranks it).
+    let two = format!("{BASE}{}{}", sleepy("a", ""), sleepy("b", ""));
+    let mut h = Harness::new(&two);
+    let first = h.log.clone();
+    play(&mut h, first);
+    let out = second(&mut h, None, 0);
+    play(&mut h, out);
+    assert_eq!(state(&h, "a"), [ReplicaState::Routed]);
+    assert_eq!(state(&h, "b"), [ReplicaState::Routed]);
+    let a1 = h.in_state("a", ReplicaState::Routed)[0].clone();
+    let pinned = gpu_model(
+        "p",
+        "60GiB",
+        "pin = true\npriority = 10",
+        "min = 1\nmax = 1",
+    );
+    let out = h.reload(&format!("{two}{pinned}"));
+    let mut all = play(&mut h, out);
+    for _ in 0..3 {
+        let out = second(&mut h, None, 0);
+        all.extend(play(&mut h, out));
+    }
+    assert_eq!(state(&h, "p"), [ReplicaState::Routed]);
+    let asleep: Vec<ReplicaState> = [state(&h, "a"), state(&h, "b")].concat();
+    assert!(asleep.contains(&ReplicaState::Sleeping), "{asleep:?}");
+    let (sleeper_model, other) = if state(&h, "a") == [ReplicaState::Sleeping] {
+        ("a", "b")
+    } else {
+        ("b", "a")
+    };
+    let sleeper = h.in_state(sleeper_model, ReplicaState::Sleeping)[0].clone();
+    assert_eq!(
+        h.gpus_of(&sleeper),
+        h.gpus_of(&h.in_state("p", ReplicaState::Routed)[0])
+    );
+    let _ = a1;
+    // A cold start of it takes 30 s: a request waits that long for room beside `p` (nothing
+    // there may give way), and no longer.
+    h.node.models.get_mut(sleeper_model).unwrap().time_to_ready = Some(Duration::from_secs(30));
+    for _ in 0..25 {
+        let out = second(&mut h, Some(sleeper_model), 1);
+        play(&mut h, out);
+    }
+    assert_eq!(
+        h.node.held.replicas()[&sleeper].state,
+        ReplicaState::Sleeping
+    );
+    assert!(
+        h.node.held.replicas()[&sleeper]
+            .reason
+            .contains("waiting for room"),
+        "{}",
+        h.node.held.replicas()[&sleeper].reason
+    );
+    let mut all = Vec::new();
+    for _ in 0..10 {
+        let out = second(&mut h, Some(sleeper_model), 1);
+        all.extend(play(&mut h, out));
+    }
+    // Replaced: stopped (not as a failure), and a start on the other device, where the other
+    // model (idle) was put to sleep for it.
+    assert!(!h.node.held.replicas().contains_key(&sleeper));
+    assert_eq!(signals(&all, StopSignal::Term), [sleeper.clone()]);
+    assert_eq!(spawns(&all), 1);
+    assert_eq!(state(&h, sleeper_model), [ReplicaState::Routed]);
+    assert_eq!(state(&h, other), [ReplicaState::Sleeping]);
+    assert_eq!(
+        h.node.models[sleeper_model].total_restarts, 0,
+        "not a failure"
+    );
+    assert_eq!(state(&h, "p"), [ReplicaState::Routed]);
 }

@@ -107,7 +107,9 @@ fn another_model_takes_the_room_sleepers_left_and_a_wake_without_room_waits() {
     h.settle(out);
     assert_eq!(h.in_state("b", ReplicaState::Routed).len(), 1);
     assert_eq!(h.reserved_on("GPU-a").unwrap().0, 92 * GIB);
-    // Now a wake of `m` needs 29 GiB more, and 8 are free: it waits, asleep, and says why.
+    // Now a wake of `m` needs 29 GiB more, and 8 are free: it waits, asleep, and says why
+    // (for up to a cold start's time, 30 s here: sleep_evict_tests.rs has what follows it).
+    h.node.models.get_mut("m").unwrap().time_to_ready = Some(std::time::Duration::from_secs(30));
     h.node.models.get_mut("m").unwrap().desired_routed = 3;
     let out = h.send(Event::Tick);
     assert!(wakes(&out).is_empty(), "{out:?}");
