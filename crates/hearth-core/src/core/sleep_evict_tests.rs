@@ -435,7 +435,6 @@ fn a_sleeper_whose_device_never_frees_waits_no_longer_than_a_cold_start_then_sta
     play(&mut h, out);
     assert_eq!(state(&h, "a"), [ReplicaState::Routed]);
     assert_eq!(state(&h, "b"), [ReplicaState::Routed]);
-    let a1 = h.in_state("a", ReplicaState::Routed)[0].clone();
     let pinned = gpu_model(
         "p",
         "60GiB",
@@ -461,7 +460,6 @@ fn a_sleeper_whose_device_never_frees_waits_no_longer_than_a_cold_start_then_sta
         h.gpus_of(&sleeper),
         h.gpus_of(&h.in_state("p", ReplicaState::Routed)[0])
     );
-    let _ = a1;
     // A cold start of it takes 30 s: a request waits that long for room beside `p` (nothing
     // there may give way), and no longer.
     h.node.models.get_mut(sleeper_model).unwrap().time_to_ready = Some(Duration::from_secs(30));
@@ -488,7 +486,10 @@ fn a_sleeper_whose_device_never_frees_waits_no_longer_than_a_cold_start_then_sta
     // Replaced: stopped (not as a failure), and a start on the other device, where the other
     // model (idle) was put to sleep for it.
     assert!(!h.node.held.replicas().contains_key(&sleeper));
-    assert_eq!(signals(&all, StopSignal::Term), [sleeper.clone()]);
+    assert_eq!(
+        signals(&all, StopSignal::Term),
+        std::slice::from_ref(&sleeper)
+    );
     assert_eq!(spawns(&all), 1);
     assert_eq!(state(&h, sleeper_model), [ReplicaState::Routed]);
     assert_eq!(state(&h, other), [ReplicaState::Sleeping]);
