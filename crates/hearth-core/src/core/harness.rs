@@ -281,6 +281,11 @@ impl Harness {
     }
 
     pub fn warm(&mut self, id: &ReplicaId) -> Vec<Action> {
+        self.passed(id, ProbeKind::Warmup)
+    }
+
+    /// The replica's probe of `kind` passed (HTTP 200).
+    pub fn passed(&mut self, id: &ReplicaId, kind: ProbeKind) -> Vec<Action> {
         let outcome = ProbeOutcome {
             ok: true,
             not_ready: false,
@@ -288,7 +293,7 @@ impl Harness {
         };
         self.send(Event::Probed {
             replica: id.clone(),
-            kind: ProbeKind::Warmup,
+            kind,
             outcome,
         })
     }

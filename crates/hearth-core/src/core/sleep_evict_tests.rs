@@ -27,22 +27,6 @@ fn sleepy(name: &str, extra: &str) -> String {
     )
 }
 
-fn ok() -> ProbeOutcome {
-    ProbeOutcome {
-        ok: true,
-        not_ready: false,
-        detail: "HTTP 200".into(),
-    }
-}
-
-fn answer(h: &mut Harness, id: &ReplicaId, kind: ProbeKind) -> Vec<Action> {
-    h.send(Event::Probed {
-        replica: id.clone(),
-        kind,
-        outcome: ok(),
-    })
-}
-
 /// The device's reservations never pass its memory: checked after every step.
 fn within_device(h: &Harness) {
     let (reserved, _) = h.reserved_on("GPU-a").unwrap();
@@ -105,7 +89,7 @@ fn play(h: &mut Harness, mut actions: Vec<Action>) -> Vec<Action> {
                     kind,
                     ProbeKind::Sleep | ProbeKind::SleepState | ProbeKind::Wake | ProbeKind::Warmup
                 ) {
-                    next.extend(answer(h, replica, *kind));
+                    next.extend(h.passed(replica, *kind));
                 }
             }
         }

@@ -31,22 +31,6 @@ fn config() -> String {
     format!("{}{m}{b}", one_device("100GiB"))
 }
 
-fn ok() -> ProbeOutcome {
-    ProbeOutcome {
-        ok: true,
-        not_ready: false,
-        detail: "HTTP 200".into(),
-    }
-}
-
-fn answer(h: &mut Harness, id: &ReplicaId, kind: ProbeKind) -> Vec<Action> {
-    h.send(Event::Probed {
-        replica: id.clone(),
-        kind,
-        outcome: ok(),
-    })
-}
-
 fn wakes(actions: &[Action]) -> Vec<ReplicaId> {
     actions
         .iter()
@@ -68,8 +52,8 @@ fn two_asleep() -> (Harness, Vec<ReplicaId>) {
     assert_eq!(falling.len(), 2, "{:?}", h.all_replicas());
     assert_eq!(h.reserved_on("GPU-a").unwrap().0, 90 * GIB, "all awake");
     for id in &falling {
-        answer(&mut h, id, ProbeKind::Sleep);
-        answer(&mut h, id, ProbeKind::SleepState);
+        h.passed(id, ProbeKind::Sleep);
+        h.passed(id, ProbeKind::SleepState);
         assert_eq!(h.node.held.replicas()[id].state, ReplicaState::Sleeping);
         assert_eq!(h.node.held.replicas()[id].gpu_bytes, GIB);
     }
@@ -174,7 +158,7 @@ fn a_restart_takes_the_sleeping_replicas_back_asleep_and_a_wake_needs_no_cold_st
         asked.sort();
         assert_eq!(asked, asleep, "{how:?}: {out:?}");
         for id in &asleep {
-            answer(&mut h, id, ProbeKind::SleepState);
+            h.passed(id, ProbeKind::SleepState);
             assert_eq!(h.node.held.replicas()[id].state, ReplicaState::Sleeping);
         }
         // A burst: both wake, and nothing is started.
