@@ -74,6 +74,13 @@ pub struct SleepConfig {
     pub idle_to_sleep: Option<Duration>,
 }
 
+impl SleepConfig {
+    /// What a replica holding `awake` bytes on a device still holds there asleep.
+    pub fn held_asleep(&self, awake: u64) -> u64 {
+        self.gpu_memory_asleep.min(awake)
+    }
+}
+
 /// The CUDA context a sleeping process keeps on its device, when the file does not say.
 pub const DEFAULT_GPU_MEMORY_ASLEEP: u64 = 512 << 20;
 pub const DEFAULT_WAKE_TIMEOUT: Duration = Duration::from_secs(60);

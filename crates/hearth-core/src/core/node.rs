@@ -191,8 +191,7 @@ impl Node {
             return;
         }
         if m.evicted {
-            let waiting = signal
-                .is_some_and(|s| s.queue_depth > 0 || s.in_flight > 0 || s.oldest_wait_ms > 0.0);
+            let waiting = signal.is_some_and(|s| s.holds_work());
             if m.desired_routed == 0 && !waiting {
                 return;
             }

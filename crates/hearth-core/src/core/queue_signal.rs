@@ -143,6 +143,11 @@ pub struct ModelSignal {
 }
 
 impl ModelSignal {
+    /// Requests wait or run: a queue, a wait, or work in flight (not a rate left from before).
+    pub fn holds_work(&self) -> bool {
+        self.queue_depth > 0 || self.in_flight > 0 || self.oldest_wait_ms > 0.0
+    }
+
     pub fn combine<'a>(
         model_wide: &ReplicaSignal,
         routed: impl Iterator<Item = &'a ReplicaSignal>,

@@ -77,14 +77,31 @@ enum GiveWay {
 }
 
 struct Candidate {
-    key: (bool, GiveWay, i32, u128, std::cmp::Reverse<u64>),
     id: ReplicaId,
+    /// Its number: the newest goes first among equals.
+    n: u64,
     model: String,
+    priority: i32,
     routed: bool,
     way: GiveWay,
+    /// How long getting it back takes: its model's median wake, or its cold start.
+    back: Duration,
     /// What it holds on each of its devices once it gave way.
     after: u64,
     host_memory: u64,
+}
+
+impl Candidate {
+    /// The order of giving way (the module's comment).
+    fn order(&self) -> (bool, GiveWay, i32, u128, std::cmp::Reverse<u64>) {
+        (
+            self.routed,
+            self.way,
+            self.priority,
+            self.back.as_millis(),
+            std::cmp::Reverse(self.n),
+        )
+    }
 }
 
 impl Node {
@@ -166,7 +183,7 @@ impl Node {
                 if let Some(room) = host_room.as_mut() {
                     if c.host_memory > *room {
                         // No host RAM to sleep in: stopped, where a stop is allowed.
-                        if c.routed && c.key.2 >= prio {
+                        if c.routed && c.priority >= prio {
                             continue;
                         }
                         c.way = GiveWay::Stop;
@@ -177,7 +194,9 @@ impl Node {
                 }
             }
             if c.routed && c.way == GiveWay::Stop {
-                let m = self.models.get(&c.model)?;
+                let Some(m) = self.models.get(&c.model) else {
+                    continue;
+                };
                 let t = taken.get(&c.model).copied().unwrap_or(0);
                 if self.count(&c.model, ReplicaState::Routed).saturating_sub(t) <= m.routed_min() {
                     continue;
@@ -244,20 +263,16 @@ impl Node {
             };
             // Asleep it still holds `gpu_memory_asleep` of a shared device; on whole devices
             // sleep frees nothing.
-            let asleep = m
-                .config
-                .sleep
-                .as_ref()
-                .zip(r.spec.gpu_memory)
-                .map(|(s, awake)| s.gpu_memory_asleep.min(awake))
+            let asleep = self
+                .awake_asleep(&r.id)
+                .map(|(_, a)| a)
                 .filter(|a| *a < r.gpu_bytes);
             let way = match asleep {
                 Some(_) if !routed => GiveWay::Sleep,
                 Some(_) => {
                     let q = *quiet.entry(r.model.as_str()).or_insert_with(|| {
-                        self.model_signal(&r.model, now).is_some_and(|s| {
-                            s.queue_depth == 0 && s.in_flight == 0 && s.oldest_wait_ms <= 0.0
-                        })
+                        self.model_signal(&r.model, now)
+                            .is_some_and(|s| !s.holds_work())
                     });
                     if q && now.since(r.since) >= ROUTED_SETTLE {
                         GiveWay::Sleep
@@ -270,17 +285,17 @@ impl Node {
                 None if routed && p >= prio => continue,
                 None => GiveWay::Stop,
             };
-            let back = match way {
-                GiveWay::Sleep => m.wakes.p50(),
-                GiveWay::Stop => m.time_to_ready.or(Some(Duration::MAX)),
-            }
-            .unwrap_or_default();
             v.push(Candidate {
-                key: (routed, way, p, back.as_millis(), std::cmp::Reverse(r.n)),
                 id: r.id.clone(),
+                n: r.n,
                 model: r.model.clone(),
+                priority: p,
                 routed,
                 way,
+                back: match way {
+                    GiveWay::Sleep => m.wakes.p50().unwrap_or_default(),
+                    GiveWay::Stop => m.time_to_ready.unwrap_or(Duration::MAX),
+                },
                 after: match way {
                     GiveWay::Sleep => asleep.unwrap_or(0),
                     GiveWay::Stop => 0,
@@ -291,11 +306,12 @@ impl Node {
                 },
             });
         }
+        let by = |a: &Candidate, b: &Candidate| a.order().cmp(&b.order()).then(a.id.cmp(&b.id));
         if v.len() > CANDIDATES {
-            v.select_nth_unstable_by(CANDIDATES - 1, |a, b| a.key.cmp(&b.key));
+            v.select_nth_unstable_by(CANDIDATES - 1, by);
             v.truncate(CANDIDATES);
         }
-        v.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| a.id.cmp(&b.id)));
+        v.sort_by(by);
         v
     }
 

@@ -128,11 +128,7 @@ impl Reservations {
             return;
         };
         let was = std::mem::replace(&mut r.gpu_bytes, bytes);
-        for u in &r.gpus {
-            if let Some(s) = self.gpus.slot_by_uuid_mut(u) {
-                s.reserved = s.reserved.saturating_sub(was).saturating_add(bytes);
-            }
-        }
+        rebook(&mut self.gpus, &r.gpus, was, bytes);
     }
 
     /// The replica keeps its place in the table but hands back its port and devices, to be
@@ -164,15 +160,8 @@ impl Reservations {
             };
             if *bytes == 0 {
                 free(&mut trial, id, &r.gpus, r.gpu_bytes);
-                continue;
-            }
-            for u in &r.gpus {
-                if let Some(s) = trial.slot_by_uuid_mut(u) {
-                    s.reserved = s
-                        .reserved
-                        .saturating_sub(r.gpu_bytes)
-                        .saturating_add(*bytes);
-                }
+            } else {
+                rebook(&mut trial, &r.gpus, r.gpu_bytes, *bytes);
             }
         }
         trial
@@ -237,6 +226,15 @@ fn reserve(t: &mut GpuTable, replica: &ReplicaId, devices: &[String], bytes: u64
         s.reserved = s.reserved.saturating_add(bytes);
         s.exclusive |= whole;
         s.replicas.push(replica.clone());
+    }
+}
+
+/// A reservation of `was` bytes on each of `devices` becomes one of `bytes`.
+fn rebook(t: &mut GpuTable, devices: &[String], was: u64, bytes: u64) {
+    for u in devices {
+        if let Some(s) = t.slot_by_uuid_mut(u) {
+            s.reserved = s.reserved.saturating_sub(was).saturating_add(bytes);
+        }
     }
 }
 

@@ -74,6 +74,7 @@ impl Node {
                 .replicas()
                 .get(id)
                 .is_some_and(|r| r.state == ReplicaState::Draining);
+            let full = full.to_string();
             if drained {
                 self.stop(id, &full, false, now, out);
             } else if let Some(r) = self.held.replicas_mut().get_mut(id) {

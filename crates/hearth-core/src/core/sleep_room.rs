@@ -11,6 +11,21 @@
 use super::node::Node;
 use super::replica::{ReplicaId, ReplicaState};
 
+/// Why a replica is not put to sleep: `[daemon] host_memory` (or its default) is full.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not put to sleep: it would hold {} of host RAM, and sleeping replicas hold {} of the {} \
+     they may (daemon.host_memory, or half of the host's RAM)",
+    short(*own),
+    short(*held),
+    short(*budget)
+)]
+pub(super) struct NoHostRoom {
+    pub own: u64,
+    pub held: u64,
+    pub budget: u64,
+}
+
 /// Why a sleeping replica cannot wake now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("waiting for room on GPU {device} to wake: needs {}, {} free", short(*needs), short(*free))]
@@ -47,14 +62,14 @@ impl Node {
 
     /// What the replica holds on each device awake (its launch's `gpu_memory`) and asleep;
     /// None: it holds no share of a device (no GPUs, or whole devices, which stay its own).
-    fn awake_asleep(&self, id: &ReplicaId) -> Option<(u64, u64)> {
+    pub(super) fn awake_asleep(&self, id: &ReplicaId) -> Option<(u64, u64)> {
         let r = self.held.replicas().get(id)?;
         if r.gpus.is_empty() {
             return None;
         }
         let awake = r.spec.gpu_memory?;
         let sleep = self.models.get(&r.model)?.config.sleep.as_ref()?;
-        Some((awake, sleep.gpu_memory_asleep.min(awake)))
+        Some((awake, sleep.held_asleep(awake)))
     }
 
     /// Asleep: its reservation shrinks to what it still holds.
@@ -137,7 +152,7 @@ impl Node {
     }
 
     /// The replica may go to sleep within `[daemon] host_memory`; Err: why not.
-    pub(super) fn host_room_for(&self, id: &ReplicaId) -> Result<(), String> {
+    pub(super) fn host_room_for(&self, id: &ReplicaId) -> Result<(), NoHostRoom> {
         let (Some(budget), Some(r)) = (self.host_memory_budget(), self.held.replicas().get(id))
         else {
             return Ok(());
@@ -154,12 +169,10 @@ impl Node {
         if others.saturating_add(own) <= budget {
             return Ok(());
         }
-        Err(format!(
-            "not put to sleep: it would hold {} of host RAM, and sleeping replicas hold {} of \
-             the {} they may (daemon.host_memory, or half of the host's RAM)",
-            short(own),
-            short(others),
-            short(budget)
-        ))
+        Err(NoHostRoom {
+            own,
+            held: others,
+            budget,
+        })
     }
 }

@@ -182,7 +182,7 @@ impl Cx<'_> {
                 (Some(s), Some(awake)) => (
                     fit::Demand { replicas: 1, ..d },
                     fit::Demand {
-                        bytes: Some(s.gpu_memory_asleep.min(awake).max(1)),
+                        bytes: Some(s.held_asleep(awake).max(1)),
                         ..d
                     },
                 ),
