@@ -201,6 +201,7 @@ pub(super) struct RawScaling {
     pub down_stabilization: Opt<String>,
     pub down_step: Opt<String>,
     pub max_up_step: Opt<u32>,
+    pub forecast: Opt<bool>,
     pub idle_to_zero: Opt<String>,
     pub drain_timeout: Opt<String>,
     pub stale_after: Opt<String>,

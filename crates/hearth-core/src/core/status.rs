@@ -9,7 +9,8 @@ use super::replica::{Replica, ReplicaState};
 use super::Time;
 use crate::config::WarmPool;
 use crate::protocol::{
-    Health, ModelView, ReplicaView, RolloutView, ScaleView, SignalView, StatusView, WarmPoolSetting,
+    ForecastView, Health, ModelView, ReplicaView, RolloutView, ScaleView, SignalView, StatusView,
+    WarmPoolSetting,
 };
 
 impl Node {
@@ -154,6 +155,14 @@ impl Node {
             drained: m.overrides.drained,
             gave_way_total: m.gave_way,
             last_gave_way: m.last_gave_way.clone(),
+            forecast: m.autoscaler.foreseen().map(|f| ForecastView {
+                period_ms: (f.period.mean_s * 1000.0) as u64,
+                seen: f.period.seen as u32,
+                due_in_ms: f.period.earliest.saturating_sub(f.now) * 1000,
+                level_per_s: f.period.level,
+                replicas: f.need,
+                holding: f.holding(),
+            }),
             replicas: replicas
                 .iter()
                 .map(|r| ReplicaView {

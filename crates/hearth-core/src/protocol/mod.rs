@@ -21,8 +21,8 @@ pub use daemon_view::{
 };
 pub use lines::{decode_answer, encode_answer, parse_request, AnswerError};
 pub use views::{
-    Endpoint, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView, RolloutView,
-    ScaleView, SignalView, StatusView, WakeView, WatchEvent, WatchedState,
+    Endpoint, ForecastView, GoneTag, GpuView, Health, ModelView, ReplicaState, ReplicaView,
+    RolloutView, ScaleView, SignalView, StatusView, WakeView, WatchEvent, WatchedState,
 };
 
 pub const PROTOCOL_VERSION: u32 = 1;

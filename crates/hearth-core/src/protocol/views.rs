@@ -156,7 +156,28 @@ pub struct ModelView {
     /// Why the last of them did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_gave_way: Option<String>,
+    /// A burst that recurs, foreseen (`[model.scaling] forecast`; docs/autoscaling.md,
+    /// "Recurring load"): absent while no period holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<ForecastView>,
     pub replicas: Vec<ReplicaView>,
+}
+
+/// The next burst of a model's recurring load, as its autoscaler foresees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForecastView {
+    /// The mean interval between the bursts that agreed.
+    pub period_ms: u64,
+    /// Bursts that agreed on it.
+    pub seen: u32,
+    /// Until the earliest the next burst is due.
+    pub due_in_ms: u64,
+    /// The arrival rate those bursts reached (requests per second).
+    pub level_per_s: f64,
+    /// Routed replicas that level needs.
+    pub replicas: u32,
+    /// They are held now, for the burst.
+    pub holding: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

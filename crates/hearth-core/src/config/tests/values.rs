@@ -185,6 +185,7 @@ fn minimal_model_gets_defaults() {
             down_stabilization: DownLimit::Auto,
             down_step: DownLimit::Auto,
             max_up_step: 4,
+            forecast: false,
             idle_to_zero: Duration::from_secs(1800),
             drain_timeout: Duration::from_secs(300),
             stale_after: Duration::from_secs(5),

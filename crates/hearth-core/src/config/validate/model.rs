@@ -542,6 +542,7 @@ impl Cx<'_> {
                 .down_limit(&k("down_stabilization"), &raw.down_stabilization)?,
             down_step: self.down_limit(&k("down_step"), &raw.down_step)?,
             max_up_step,
+            forecast: raw.forecast.as_ref().is_some_and(|v| *v.get_ref()),
             idle_to_zero: d("idle_to_zero", &raw.idle_to_zero, 1800)?,
             drain_timeout: d("drain_timeout", &raw.drain_timeout, 300)?,
             stale_after: self.nonzero_duration(

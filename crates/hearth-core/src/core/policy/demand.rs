@@ -71,6 +71,12 @@ impl Second {
     pub fn depth(&self) -> f64 {
         self.depth_sum / self.n as f64
     }
+
+    /// It rose as a burst does: beyond noise, by a real share of the level it reached (not a
+    /// ripple on a plateau or a slow ramp).
+    pub fn is_burst_rise(&self) -> bool {
+        self.rise > 0.0 && self.rise >= BURST_SHARE * self.rate.unwrap_or(0.0)
+    }
 }
 
 fn bounded(rate: Option<f64>) -> Option<f64> {
@@ -212,12 +218,9 @@ impl Demand {
             if slices.len() <= k {
                 slices.resize(k + 1, 0.0);
             }
-            // A rise counts when it is a real part of the level it reached (a burst), not a
-            // ripple on a plateau or a slow ramp.
-            let rate = b.rate.unwrap_or(0.0);
-            if b.rise > 0.0 && b.rise >= BURST_SHARE * rate {
+            if b.is_burst_rise() {
                 if let Some(s) = slices.get_mut(k) {
-                    *s = s.max(rate);
+                    *s = s.max(b.rate.unwrap_or(0.0));
                 }
             }
         }

@@ -39,8 +39,25 @@ impl Autoscaler {
     ) -> Option<Decision> {
         let now = inp.now;
         let s = inp.scaling;
-        let stabilization = limit(s.down_stabilization, AUTO_STABILIZATION);
-        let step = limit(s.down_step, AUTO_STEP);
+        // Between foreseen bursts (the policy's own rule only, never past an operator's
+        // limits): what the last burst left is released once the envelope has let it go, in
+        // one step, when the next one's capacity is due more than a time-to-ready from now.
+        // Held, it would idle until then; released, it is started again in time.
+        let auto = s.down_stabilization == DownLimit::Auto && s.down_step == DownLimit::Auto;
+        // Not before the envelope has seen the whole of the last burst's rise.
+        let span = self.envelope_span().as_secs();
+        let between = self.foreseen.filter(|f| {
+            auto && !f.holding()
+                && f.now >= f.period.last + span
+                && f.from.saturating_sub(f.now) > self.ttr().as_secs()
+        });
+        let (stabilization, step) = match between {
+            Some(_) => (self.envelope_span(), Duration::ZERO),
+            None => (
+                limit(s.down_stabilization, AUTO_STABILIZATION),
+                limit(s.down_step, AUTO_STEP),
+            ),
+        };
         // Scale to zero: only after idle_to_zero with no work at all.
         if inp.min == 0 {
             if let Some(since) = self.idle_since {
@@ -73,6 +90,7 @@ impl Autoscaler {
             return None;
         }
         let window = stabilization;
+        let mut to = desired - 1;
         let why = match self.envelope {
             Some((rate, _)) => {
                 // Each second's envelope already looks back one envelope span: its needs over
@@ -85,7 +103,8 @@ impl Autoscaler {
                             .saturating_sub(self.envelope_span())
                             .max(self.envelope_span()),
                     )
-                    .max(self.demand.peak_trouble(window));
+                    .max(self.demand.peak_trouble(window))
+                    .max(self.foreseen_within_ttr());
                 if highest >= desired {
                     return None;
                 }
@@ -97,12 +116,17 @@ impl Autoscaler {
                         return None;
                     }
                 }
-                format!(
+                let mut why = format!(
                     "the highest need of the last {} is {highest} (arrivals now peak at {rate:.1}/s \
                      within {})",
                     crate::units::short_duration(window),
                     crate::units::short_duration(self.envelope_span())
-                )
+                );
+                if let Some(f) = between {
+                    to = highest.max(floor);
+                    why.push_str(&format!("; {}: released until then", f.describe()));
+                }
+                why
             }
             None => {
                 // Without rates: no second over target, and no queue on average.
@@ -124,9 +148,17 @@ impl Autoscaler {
         };
         self.last_down = Some(now);
         Some(Decision {
-            to: desired - 1,
+            to,
             reason: format!("calm: oldest wait {wait:.0} ms < {calm_ms:.0} ms; {why}"),
         })
+    }
+
+    /// What a burst foreseen needs once its capacity is due within one time-to-ready: a replica
+    /// stopped now would have to start again before it could be back.
+    fn foreseen_within_ttr(&self) -> u32 {
+        self.foreseen
+            .filter(|f| f.from.saturating_sub(f.now) <= self.ttr().as_secs())
+            .map_or(0, |f| f.need)
     }
 
     /// Where the load rises through the stabilization window (its newer half's mean arrival

@@ -1,0 +1,270 @@
+//! Recurring load foreseen (docs/autoscaling.md, "Recurring load"): the onsets of the bursts a
+//! model has seen, the period they keep, and when the next one is due, so that its capacity can
+//! be ready one time-to-ready before it instead of a cold start after it.
+//!
+//! Only onsets are kept (at most `ONSETS`, whatever the rate), so memory is bounded per model and
+//! the history is small enough to outlive the daemon in `state_dir` (`History`). A forecast needs
+//! `EVIDENCE` intervals that agree within `SPREAD`; one whose burst does not come within its
+//! window is dropped, and the late burst's interval disagrees with the others, so a period that
+//! stopped holding is not believed again until it has held twice more. Bursts at irregular
+//! intervals rarely agree twice running, and a phantom forecast costs one window's capacity.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+/// Onsets remembered.
+pub const ONSETS: usize = 8;
+/// A rise within this many seconds of the last rising second belongs to the same burst.
+const SAME_BURST_S: u64 = 30;
+/// A burst's level is its highest smoothed arrival rate within this many seconds of its onset.
+const LEVEL_SPAN_S: u64 = 60;
+/// Intervals agree when the longest is at most this many times the shortest (a period with
+/// ±20 % jitter gives up to 1.5).
+const SPREAD: f64 = 1.6;
+/// Agreeing intervals needed before a period is believed (onsets seen: one more).
+const EVIDENCE: usize = 2;
+/// Periods believed: from about two minutes to a day (and a little over, for a day's drift).
+const MIN_PERIOD_S: u64 = 90;
+const MAX_PERIOD_S: u64 = 26 * 3600;
+/// The most intervals a period is judged on: the newest ones.
+const JUDGED: usize = ONSETS - 1;
+
+/// One burst: the second it began and the level it reached.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Onset {
+    pub at: u64,
+    pub level: f64,
+}
+
+/// What a model's recurring bursts foretell as of one second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Period {
+    /// The mean of the agreeing intervals, seconds.
+    pub mean_s: f64,
+    /// Onsets that agreed (one more than the intervals).
+    pub seen: usize,
+    /// The second the last burst began.
+    pub last: u64,
+    /// The second the next burst is due at the earliest (the last onset plus the shortest
+    /// agreeing interval) and at the latest (plus the longest).
+    pub earliest: u64,
+    pub latest: u64,
+    /// The level the agreeing bursts reached (the highest of them).
+    pub level: f64,
+}
+
+/// The onsets a model has seen, newest last.
+#[derive(Debug, Clone, Default)]
+pub struct Recurrence {
+    onsets: VecDeque<Onset>,
+    last_rising: Option<u64>,
+}
+
+/// A model's recurrence as it is kept across restarts: its onsets, in clock seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub onsets: Vec<Onset>,
+}
+
+impl Recurrence {
+    /// One second of demand: whether it rose as a burst does, and its smoothed arrival rate.
+    pub fn observe(&mut self, second: u64, rising: bool, smooth: Option<f64>) {
+        if rising {
+            let same = self
+                .last_rising
+                .is_some_and(|t| second.saturating_sub(t) <= SAME_BURST_S);
+            if !same {
+                self.onsets.push_back(Onset {
+                    at: second,
+                    level: 0.0,
+                });
+                while self.onsets.len() > ONSETS {
+                    self.onsets.pop_front();
+                }
+            }
+            self.last_rising = Some(second);
+        }
+        let rate = smooth.filter(|r| r.is_finite()).unwrap_or(0.0);
+        if let Some(o) = self
+            .onsets
+            .back_mut()
+            .filter(|o| second.saturating_sub(o.at) <= LEVEL_SPAN_S)
+        {
+            o.level = o.level.max(rate);
+        }
+    }
+
+    /// The period the newest intervals agree on, while its next burst can still come: none
+    /// once the latest it was due at has passed by a quarter of a period.
+    pub fn period(&self, now: u64) -> Option<Period> {
+        let last = *self.onsets.back()?;
+        let mut lo = u64::MAX;
+        let mut hi = 0u64;
+        let mut sum = 0u64;
+        let mut n = 0usize;
+        let newest: Vec<&Onset> = self.onsets.iter().rev().take(JUDGED + 1).collect();
+        for (newer, older) in newest.iter().zip(newest.iter().skip(1)) {
+            let gap = newer.at.saturating_sub(older.at);
+            if !(MIN_PERIOD_S..=MAX_PERIOD_S).contains(&gap) {
+                break;
+            }
+            let (l, h) = (lo.min(gap), hi.max(gap));
+            if h as f64 > SPREAD * l as f64 {
+                break;
+            }
+            (lo, hi, sum, n) = (l, h, sum + gap, n + 1);
+        }
+        if n < EVIDENCE {
+            return None;
+        }
+        let mean_s = sum as f64 / n as f64;
+        let latest = last.at + hi;
+        if now > latest + (mean_s / 4.0) as u64 {
+            return None;
+        }
+        // The highest the agreeing bursts reached: a burst met short costs a cold start of
+        // misses, one met long costs a replica for its span.
+        let level = newest
+            .iter()
+            .take(n + 1)
+            .map(|o| o.level)
+            .fold(0.0, f64::max);
+        Some(Period {
+            mean_s,
+            seen: n + 1,
+            last: last.at,
+            earliest: last.at + lo,
+            latest,
+            level,
+        })
+    }
+
+    /// The onsets, for `state_dir`.
+    pub fn history(&self) -> History {
+        History {
+            onsets: self.onsets.iter().copied().collect(),
+        }
+    }
+
+    /// Takes back onsets kept before a restart: only sane ones (finite, non-negative levels, in
+    /// order, none after `now`), at most `ONSETS` of the newest, so a damaged file changes
+    /// nothing but what it held.
+    pub fn restore(&mut self, h: &History, now: u64) {
+        let mut kept: VecDeque<Onset> = VecDeque::new();
+        for o in &h.onsets {
+            let sane = o.level.is_finite()
+                && o.level >= 0.0
+                && o.at <= now
+                && kept.back().is_none_or(|p| p.at < o.at);
+            if sane {
+                kept.push_back(*o);
+            }
+        }
+        while kept.len() > ONSETS {
+            kept.pop_front();
+        }
+        // What this run saw itself comes after what it took back.
+        let first_own = self.onsets.front().map(|o| o.at);
+        kept.retain(|o| first_own.is_none_or(|f| o.at < f));
+        kept.extend(self.onsets.drain(..));
+        while kept.len() > ONSETS {
+            kept.pop_front();
+        }
+        self.onsets = kept;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bursts at `onsets` (seconds), each rising for 5 s to `level` and lasting 60 s, on a base
+    /// of 4/s, observed every second up to `until`.
+    fn play(onsets: &[u64], level: f64, until: u64) -> Recurrence {
+        let mut r = Recurrence::default();
+        for s in 0..until {
+            let in_burst = onsets.iter().any(|&o| s >= o && s < o + 60);
+            let rising = onsets.iter().any(|&o| s >= o && s < o + 5);
+            r.observe(s, rising, Some(if in_burst { level } else { 4.0 }));
+        }
+        r
+    }
+
+    #[test]
+    fn bursts_every_ten_minutes_foretell_the_next() {
+        let r = play(&[600, 1200, 1800], 20.0, 1900);
+        let p = r.period(1900).expect("a period");
+        assert_eq!((p.seen, p.earliest, p.latest), (3, 2400, 2400));
+        assert_eq!(p.mean_s, 600.0);
+        assert_eq!(p.level, 20.0);
+        // Two onsets are one interval: not yet a period.
+        assert_eq!(play(&[600, 1200], 20.0, 1300).period(1300), None);
+    }
+
+    #[test]
+    fn jitter_widens_the_window_and_a_missed_burst_drops_the_forecast() {
+        let r = play(&[600, 1080, 1680, 2160], 20.0, 2200);
+        let p = r.period(2200).expect("a period");
+        assert_eq!((p.earliest, p.latest, p.seen), (2160 + 480, 2160 + 600, 4));
+        // Due by 2760 at the latest: a quarter period after that, no forecast.
+        assert!(r.period(2760 + 100).is_some());
+        assert_eq!(r.period(2760 + 140), None);
+        // The burst that comes late disagrees with the others: not believed.
+        let late = play(&[600, 1080, 1680, 2160, 3400], 20.0, 3500);
+        assert_eq!(late.period(3500), None);
+    }
+
+    #[test]
+    fn irregular_bursts_and_one_long_burst_foretell_nothing() {
+        assert_eq!(play(&[600, 800, 1500, 1700], 20.0, 1800).period(1800), None);
+        // A rise that goes on (a ramp seen as rising second after second) is one onset.
+        let mut r = Recurrence::default();
+        for s in 0..3000 {
+            r.observe(s, true, Some(s as f64));
+        }
+        assert_eq!(r.history().onsets.len(), 1);
+        assert_eq!(r.period(3000), None);
+    }
+
+    #[test]
+    fn memory_is_bounded_and_a_history_is_taken_back_only_where_sane() {
+        let onsets: Vec<u64> = (1..=40).map(|k| k * 300).collect();
+        let r = play(&onsets, 20.0, 12_100);
+        assert_eq!(r.history().onsets.len(), ONSETS);
+        let h = r.history();
+        let mut back = Recurrence::default();
+        back.restore(&h, 12_100);
+        assert_eq!(back.period(12_100), r.period(12_100));
+        // Out of order, from the future, NaN, negative: dropped; the rest kept.
+        let bad = History {
+            onsets: vec![
+                Onset {
+                    at: 100,
+                    level: 5.0,
+                },
+                Onset { at: 50, level: 5.0 },
+                Onset {
+                    at: 400,
+                    level: f64::NAN,
+                },
+                Onset {
+                    at: 500,
+                    level: -1.0,
+                },
+                Onset {
+                    at: 700,
+                    level: 5.0,
+                },
+                Onset {
+                    at: 99_999,
+                    level: 5.0,
+                },
+            ],
+        };
+        let mut back = Recurrence::default();
+        back.restore(&bad, 1000);
+        let at: Vec<u64> = back.history().onsets.iter().map(|o| o.at).collect();
+        assert_eq!(at, vec![100, 700]);
+    }
+}
