@@ -338,8 +338,8 @@ pub struct ScalingConfig {
     /// At most one replica removed per this long.
     pub down_step: DownLimit,
     pub max_up_step: u32,
-    /// Foresee bursts that recur (`forecast`, default off until it misses no more on the held-out family): their capacity is ready before them
-    /// and released between them.
+    /// Foresee bursts that recur (`forecast`; off by default until it misses no more on the
+    /// held-out family): their capacity is ready before them and released between them.
     pub forecast: bool,
     pub idle_to_zero: Duration,
     pub drain_timeout: Duration,

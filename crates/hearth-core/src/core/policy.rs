@@ -328,7 +328,7 @@ impl Autoscaler {
         let (Some(period), Some(cap)) = (self.recurrence.period(b.second), cap) else {
             return;
         };
-        let target = inp.scaling.target_wait.as_secs_f64();
+        let target = s.target_wait.as_secs_f64();
         let lead = (self.ttr() + FORESEE_LEAD.max(self.ttr() / 4)).as_secs();
         self.foreseen = Some(Foreseen {
             period,

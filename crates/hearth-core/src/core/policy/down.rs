@@ -39,20 +39,18 @@ impl Autoscaler {
     ) -> Option<Decision> {
         let now = inp.now;
         let s = inp.scaling;
-        // Between foreseen bursts (the policy's own rule only, never past an operator's
-        // limits): what the last burst left is released once the envelope has let it go, in
-        // one step, when the next one's capacity is due more than a time-to-ready from now.
-        // Held, it would idle until then; released, it is started again in time.
-        let auto = s.down_stabilization == DownLimit::Auto && s.down_step == DownLimit::Auto;
-        // Not before the envelope has seen the whole of the last burst's rise.
-        let span = self.envelope_span().as_secs();
+        // Between foreseen bursts (`foresee` makes no forecast under an operator's limits):
+        // what the last burst left is released in one step once the envelope has seen the
+        // whole of its rise, when the next one's capacity is due more than a time-to-ready
+        // from now. Held, it would idle until then; released, it is started again in time.
+        let span = self.envelope_span();
         let between = self.foreseen.filter(|f| {
-            auto && !f.holding()
-                && f.now >= f.period.last + span
+            !f.holding()
+                && f.now >= f.period.last + span.as_secs()
                 && f.from.saturating_sub(f.now) > self.ttr().as_secs()
         });
         let (stabilization, step) = match between {
-            Some(_) => (self.envelope_span(), Duration::ZERO),
+            Some(_) => (span, Duration::ZERO),
             None => (
                 limit(s.down_stabilization, AUTO_STABILIZATION),
                 limit(s.down_step, AUTO_STEP),
