@@ -1,7 +1,8 @@
 //! `hearth simulate`: replays a workload against hearth's real policy (the core's `Node`, driven
 //! with virtual time) and against published autoscalers, on one model of replicas and queues.
 //!
-//! - `workload`: synthetic scenarios and CSV traces, with `--speed` / `--rate-mult`.
+//! - `workload`: synthetic scenarios and CSV traces, with `--speed` / `--rate-mult`; `load`:
+//!   the one the arguments ask for.
 //! - `cluster`: replicas with slots and FIFO queues, the least-loaded router.
 //! - `engine`: the discrete-event loop and the `Driver` interface.
 //! - `hearth`: the core as the daemon's shell would drive it.
@@ -20,6 +21,7 @@ pub mod grid_report;
 pub mod grid_verdict;
 pub mod header;
 pub mod hearth;
+mod load;
 pub mod oracle;
 mod oracle_replay;
 pub mod plot;
@@ -40,8 +42,9 @@ use crate::config::Config;
 use baselines::{cortex::Cortex, fixed::Fixed, hpa::Hpa, kpa::Kpa, ray::Ray};
 use baselines::{BaselineDriver, Targets};
 use engine::{Driver, Params, Point};
+pub use load::load_workload;
 use report::Report;
-use workload::{ServiceModel, Workload};
+use workload::Workload;
 
 /// Virtual time, microseconds.
 pub type Us = u64;
@@ -415,52 +418,6 @@ fn parse_policies(names: &[String]) -> Result<Vec<Policy>, String> {
         return Err("--policy names no policy".into());
     }
     Ok(out)
-}
-
-/// Builds the workload the arguments ask for.
-pub fn load_workload(a: &SimArgs) -> Result<Workload, SimError> {
-    let sm = ServiceModel {
-        prefill: a.prefill_per_token.as_secs_f64(),
-        decode: a.decode_per_token.as_secs_f64(),
-    };
-    let mut w = match (&a.scenario, &a.trace) {
-        (Some(name), trace) if workload::SYNTHETIC.contains(&name.as_str()) => {
-            if trace.is_some() {
-                return Err(SimError::SyntheticWithTrace(name.clone()));
-            }
-            workload::synthetic_workload(name, a.seed, &sm, a.speed, a.rate_mult)
-                .expect("known scenario")
-        }
-        (Some(name), trace) if workload::HELD_OUT.contains(&name.as_str()) => {
-            if trace.is_some() {
-                return Err(SimError::SyntheticWithTrace(name.clone()));
-            }
-            workload::held_out_workload(name, a.seed, &sm, a.speed, a.rate_mult)
-                .expect("known scenario")
-        }
-        (Some(name), trace) if workload::TRACES.iter().any(|(n, _)| n == name) => {
-            let path = workload::trace_path(name, trace.as_deref())?;
-            workload::trace_workload(&path, name, a.seed, &sm, a.speed, a.rate_mult)?
-        }
-        (Some(name), _) => {
-            return Err(SimError::UnknownScenario {
-                name: name.clone(),
-                known: workload::scenario_names().join(", "),
-            })
-        }
-        (None, Some(path)) => {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "trace".into());
-            workload::trace_workload(path, &name, a.seed, &sm, a.speed, a.rate_mult)?
-        }
-        (None, None) => return Err(SimError::NoWorkload),
-    };
-    if let Some(d) = a.duration {
-        w.truncate(us(d));
-    }
-    Ok(w)
 }
 
 /// `hearth simulate`.

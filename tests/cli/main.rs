@@ -4,6 +4,7 @@
 
 mod check_config;
 mod docs;
+mod file_size;
 mod harness;
 mod messages;
 mod usage;

@@ -9,13 +9,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::event::Action;
+use super::event::{Action, SpawnSpec};
 use super::node::Node;
 use super::placement::Want;
 use super::reconcile::STARTS_PER_EVENT;
-use super::replica::{Replica, ReplicaState};
+use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::reservations::Handle;
 use super::Time;
+use crate::config::DeviceNaming;
 
 /// A pending replica's reason when every port of the range is handed out or passed over.
 const NO_PORT: &str = "no free port in daemon.ports";
@@ -207,5 +208,62 @@ impl Node {
 fn set_reason(r: &mut Replica, why: &str) {
     if *r.reason != *why {
         r.reason = why.into();
+    }
+}
+
+impl Node {
+    /// What the shell runs for a placed replica: its command with the placeholders expanded,
+    /// and the environment that names its devices, its socket and itself.
+    pub(super) fn spawn_spec(&self, id: &ReplicaId) -> Option<SpawnSpec> {
+        let r = self.held.replicas().get(id)?;
+        // The configuration the replica was made from: during a rollout, old or new.
+        let model_config = self.models.get(&r.model)?.config_of(&r.spec);
+        let c = &model_config.launch;
+        let vars = self.placeholders(r);
+        let expand = |s: &str| crate::config::expand(s, &vars);
+        let mut env: Vec<(String, String)> =
+            c.env.iter().map(|(k, v)| (k.clone(), expand(v))).collect();
+        let uuids = r.gpus.clone();
+        // hearth's placement wins over anything else naming devices (validation refuses these
+        // in `env`; the order here makes sure of it).
+        match c.device_naming {
+            DeviceNaming::Uuid => env.push(("CUDA_VISIBLE_DEVICES".into(), uuids.join(","))),
+            DeviceNaming::Index => {
+                let indices: Vec<String> = self
+                    .held
+                    .gpus()
+                    .indices(&uuids)
+                    .iter()
+                    .map(u32::to_string)
+                    .collect();
+                env.push(("CUDA_VISIBLE_DEVICES".into(), indices.join(",")));
+                // NVML numbers devices in PCI bus order; CUDA, by default, fastest first.
+                env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            }
+        }
+        // "void" is the container runtime's word for no GPU; empty would mean all.
+        let nvidia = if uuids.is_empty() {
+            "void".to_string()
+        } else {
+            uuids.join(",")
+        };
+        env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia));
+        env.push((
+            "HEARTH_SOCKET".into(),
+            self.config.daemon.socket.display().to_string(),
+        ));
+        env.push(("HEARTH_MODEL".into(), r.model.clone()));
+        env.push(("HEARTH_REPLICA".into(), r.id.0.clone()));
+        env.push(("HEARTH_PORT".into(), r.port.unwrap_or(0).to_string()));
+        Some(SpawnSpec {
+            replica: id.clone(),
+            model: r.model.clone(),
+            command: c.command.iter().map(|s| expand(s)).collect(),
+            env,
+            user: c.user.clone(),
+            port: r.port.unwrap_or(0),
+            gpus: uuids,
+            stop_grace: model_config.stop_grace,
+        })
     }
 }

@@ -10,6 +10,7 @@
 
 mod demand;
 mod down;
+mod foresee;
 pub mod recurrence;
 
 use std::collections::VecDeque;
@@ -20,7 +21,8 @@ use super::queue_signal::ModelSignal;
 use super::Time;
 use crate::config::ScalingConfig;
 use demand::Demand;
-use recurrence::{Period, Recurrence};
+pub use foresee::Foreseen;
+use recurrence::Recurrence;
 
 /// Time constant of the wait's smoothing on the way down.
 const SMOOTHING: Duration = Duration::from_millis(500);
@@ -54,9 +56,6 @@ const RISE_SIZE_Z: f64 = 0.5;
 /// The backlog a rise builds while cold replicas start is drained within this share of a
 /// time-to-ready after they are ready.
 const BACKLOG_DRAIN_SHARE: f64 = 1.0 / 3.0;
-/// A foreseen burst's capacity is ordered this long before one time-to-ready ahead of its
-/// earliest due second, at least: the decision, the spawn and the promotion take seconds too.
-const FORESEE_LEAD: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -89,38 +88,6 @@ pub struct Autoscaler {
     recurrence: Recurrence,
     /// What the recurrence foretells as of the latest second.
     foreseen: Option<Foreseen>,
-}
-
-/// A burst foreseen: its period, the replicas its level needs, and when they are ordered.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Foreseen {
-    pub period: Period,
-    /// Routed replicas the burst's level needs.
-    pub need: u32,
-    /// The second from which its capacity is held: one time-to-ready and a lead before the
-    /// earliest it is due.
-    pub from: u64,
-    /// As of this second.
-    pub now: u64,
-}
-
-impl Foreseen {
-    /// Its capacity is being held now.
-    pub fn holding(&self) -> bool {
-        self.now >= self.from
-    }
-
-    /// "burst expected in 58 s: period 10m0s, seen 4 times".
-    pub fn describe(&self) -> String {
-        format!(
-            "burst expected in {}: period {}, seen {} times",
-            crate::units::short_duration(Duration::from_secs(
-                self.period.earliest.saturating_sub(self.now)
-            )),
-            crate::units::short_duration(Duration::from_secs_f64(self.period.mean_s)),
-            self.period.seen
-        )
-    }
 }
 
 /// What the policy sees.
@@ -305,42 +272,6 @@ impl Autoscaler {
         let foreseen = self.foreseen.filter(|f| f.holding()).map_or(0, |f| f.need);
         self.demand
             .set_recommendation(self.envelope.map_or(0, |(_, need)| need).max(foreseen));
-    }
-
-    /// The burst the recurrence foretells, if `forecast` is on and a period holds.
-    fn foresee(&mut self, inp: &Inputs, cap: Option<ReplicaCapacity>) {
-        self.foreseen = None;
-        // The forecast is a way down as much as a way up: what it holds before a burst it
-        // releases after. Under an operator's limits on the way down it could only add (held
-        // before each burst, then stepped down slowly), so it is the policy's own rule's part.
-        let s = inp.scaling;
-        if !s.forecast
-            || s.down_stabilization != crate::config::DownLimit::Auto
-            || s.down_step != crate::config::DownLimit::Auto
-        {
-            return;
-        }
-        let Some(b) = self.demand.last().copied() else {
-            return;
-        };
-        self.recurrence
-            .observe(b.second, b.is_burst_rise(), b.smooth);
-        let (Some(period), Some(cap)) = (self.recurrence.period(b.second), cap) else {
-            return;
-        };
-        let target = s.target_wait.as_secs_f64();
-        let lead = (self.ttr() + FORESEE_LEAD.max(self.ttr() / 4)).as_secs();
-        self.foreseen = Some(Foreseen {
-            period,
-            need: replicas_needed(period.level, cap, target, WAIT_TAIL, inp.max),
-            from: period.earliest.saturating_sub(lead),
-            now: b.second,
-        });
-    }
-
-    /// What the recurrence foretells now, for `status`.
-    pub fn foreseen(&self) -> Option<Foreseen> {
-        self.foreseen
     }
 
     /// The arrival rate one time-to-ready ahead if it keeps rising as it has lately: the mean of
