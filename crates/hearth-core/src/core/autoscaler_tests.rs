@@ -152,3 +152,83 @@ fn a_step_down_waits_while_demand_climbs_back_to_the_replicas_it_would_stop() {
     let climb = run(&|s| (end - slope * (300 - s) as f64).max(0.5));
     assert_eq!(climb, None);
 }
+
+/// Bursts to 30/s for 30 s every ten minutes over 4/s, with 60-s cold starts, the replicas
+/// routed as soon as they are asked for. What `forecast` changes, against the same run with it
+/// off: the fourth burst finds its replicas there before it begins, and after the third the
+/// surplus follows the envelope down at once, not one replica per two minutes.
+#[test]
+fn forecast_readies_a_recurring_burst_before_it_begins_and_releases_between_bursts() {
+    let cap = measured().capacity().unwrap();
+    let need = |rate: f64| capacity::replicas_needed(rate, cap, 0.5, capacity::WAIT_TAIL, 40);
+    let (calm, high) = (need(4.0), need(30.0));
+    assert!(
+        high >= calm + 3,
+        "the test needs bursts that matter: {calm} → {high}"
+    );
+    let rate_at = |s: u64| {
+        let burst = s >= 300 && (s - 300) % 600 < 30;
+        if burst {
+            30.0
+        } else {
+            4.0
+        }
+    };
+    // The desired count at every second, every decision, and what the forecast said at 2050.
+    let run = |forecast: bool| {
+        let scaling = scaling(&format!("min = 1\nmax = 40\nforecast = {forecast}"));
+        let mut a = measured();
+        let mut desired = calm;
+        let (mut at, mut decisions, mut foreseen) = (Vec::new(), Vec::new(), None);
+        for s in 0..2200u64 {
+            let rate = rate_at(s);
+            if let Some(d) = feed(&mut a, &scaling, s, (rate, Some(rate)), desired) {
+                decisions.push((s, desired, d.clone()));
+                desired = d.to;
+            }
+            at.push(desired);
+            if s == 2050 {
+                foreseen = a.foreseen();
+            }
+        }
+        (at, decisions, foreseen)
+    };
+    let (on, on_decisions, foreseen) = run(true);
+    let (off, _, none) = run(false);
+    assert_eq!(none, None, "off, nothing is foreseen");
+    let f = foreseen.expect("three bursts ten minutes apart foretell a fourth");
+    assert!(
+        (590.0..=610.0).contains(&f.period.mean_s) && f.period.seen >= 3,
+        "{f:?}"
+    );
+    assert!(f.holding() && f.need >= high, "{f:?}: needs {high}");
+    // The second before the fourth burst, at 4/s still: ready for it only with the forecast.
+    assert!(on[2099] >= high, "on: {} at 2099, {high} needed", on[2099]);
+    assert!(off[2099] < high, "off: {} at 2099 (the control)", off[2099]);
+    // Between the third burst (1500–1530) and the fourth's lead, the surplus follows the
+    // envelope down with no `down_step` between decisions: back to the calm level within two
+    // envelope spans of the burst's end, where with the forecast off one replica goes per
+    // two minutes after five of calm.
+    let released: Vec<_> = on_decisions
+        .iter()
+        .filter(|(s, _, d)| (1530..2000).contains(s) && d.reason.ends_with("released until then"))
+        .collect();
+    let (first, from, _) = released.first().expect("a release between bursts");
+    let (last, _, d) = released.last().expect("a release between bursts");
+    assert!(
+        *from >= high,
+        "the release starts from the burst's {high}: {from} at {first}"
+    );
+    assert!(
+        d.to <= calm + 1 && *last <= 1530 + 2 * 60 + 5,
+        "at {last}: down to {} (calm {calm}): {}",
+        d.to,
+        d.reason
+    );
+    assert!(
+        on[1900] <= calm + 1 && off[1900] >= high - 1,
+        "released: {} on, {} off at 1900",
+        on[1900],
+        off[1900]
+    );
+}

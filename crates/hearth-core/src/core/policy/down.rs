@@ -40,9 +40,10 @@ impl Autoscaler {
         let now = inp.now;
         let s = inp.scaling;
         // Between foreseen bursts (`foresee` makes no forecast under an operator's limits):
-        // what the last burst left is released in one step once the envelope has seen the
-        // whole of its rise, when the next one's capacity is due more than a time-to-ready
-        // from now. Held, it would idle until then; released, it is started again in time.
+        // once the envelope has seen the whole of the last burst's rise, and the next one's
+        // capacity is due more than a time-to-ready from now, what the burst left follows the
+        // envelope down with no `down_step` between decisions. Held, it would idle until the
+        // next burst; released, it is started again in time.
         let span = self.envelope_span();
         let between = self.foreseen.filter(|f| {
             !f.holding()
