@@ -493,9 +493,13 @@ impl Shell {
         if let Event::ConfigRead(Ok(new)) = &ev {
             self.read_text = Some(new.text.clone());
         }
-        let processes_changed = matches!(
+        // What the ledger holds changes with the processes, with what was published, and with
+        // the bursts a model's autoscaler has seen (a level grows for a minute after its onset
+        // without a decision): a tick compares the ledger too, and rewrites it only if it
+        // changed.
+        let ledger_may_change = matches!(
             ev,
-            Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. }
+            Event::Spawned { .. } | Event::Exited { .. } | Event::Adopt { .. } | Event::Tick
         );
         self.fx.begin(gpu_of(&ev));
         let actions = self.node.handle(ev, now);
@@ -528,7 +532,7 @@ impl Shell {
                 other => self.fx.apply(other),
             }
         }
-        if processes_changed || self.fx.changed() {
+        if ledger_may_change || self.fx.changed() {
             self.persist();
         }
         if reloaded {

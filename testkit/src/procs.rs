@@ -203,3 +203,14 @@ pub fn cgroup(pid: i32) -> Option<String> {
         .find_map(|l| l.strip_prefix("0::"))
         .map(|p| p.trim().to_string())
 }
+
+/// A process's command line, its arguments joined by spaces (/proc/PID/cmdline).
+pub fn cmdline(pid: i32) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some(args.join(" "))
+}

@@ -369,22 +369,47 @@ fn chaos_never_routes_an_unready_replica_nor_an_orphan_and_leaves_nothing() {
     watchers.push(watcher(shared.clone(), d.socket.clone()));
     if cgroups {
         // Every survivor is stopped, or is a process of a replica the new run adopted (in
-        // its cgroup).
-        wait_until(
-            "the earlier run's unadopted processes stopped",
-            Duration::from_secs(15),
-            || {
-                orphans
-                    .iter()
-                    .all(|p| {
-                        !alive(*p)
-                            || cgroup(*p).is_some_and(|c| {
-                                c.rsplit('/').next().is_some_and(|r| adopted(&shared, r))
-                            })
-                    })
-                    .then_some(())
-            },
-        );
+        // its cgroup). A failure names each survivor still standing: its command line, its
+        // cgroup and what the new run said about that replica.
+        let standing = || -> Vec<i32> {
+            orphans
+                .iter()
+                .copied()
+                .filter(|p| {
+                    alive(*p)
+                        && !cgroup(*p).is_some_and(|c| {
+                            c.rsplit('/').next().is_some_and(|r| adopted(&shared, r))
+                        })
+                })
+                .collect()
+        };
+        if poll(Duration::from_secs(15), || {
+            standing().is_empty().then_some(())
+        })
+        .is_none()
+        {
+            let log = std::fs::read_to_string(&shared.log).unwrap_or_default();
+            let named: Vec<String> = standing()
+                .into_iter()
+                .map(|p| {
+                    let cg = cgroup(p).unwrap_or_else(|| "?".into());
+                    let replica = cg.rsplit('/').next().unwrap_or("").to_string();
+                    let said: Vec<&str> = log
+                        .lines()
+                        .filter(|l| !replica.is_empty() && l.contains(&format!("\"{replica}\"")))
+                        .collect();
+                    format!(
+                        "pid {p} ({}), cgroup {cg}; the log of {replica}:\n  {}",
+                        testkit::procs::cmdline(p).unwrap_or_default(),
+                        said.join("\n  ")
+                    )
+                })
+                .collect();
+            panic!(
+                "15 s after the restart, processes of the earlier run stand that the new run neither stopped nor adopted:\n{}",
+                named.join("\n")
+            );
+        }
     }
     let until = Instant::now() + phase;
     while Instant::now() < until {

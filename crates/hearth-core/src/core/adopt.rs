@@ -29,6 +29,7 @@ use super::event::{Action, LogLevel};
 use super::model::Rollout;
 use super::node::Node;
 use super::placement::Placed;
+use super::policy::recurrence::Remembered;
 use super::replica::{Replica, ReplicaId, ReplicaState};
 use super::reservations::PortClaim;
 use super::Time;
@@ -69,6 +70,10 @@ pub struct ModelRecord {
     pub desired_routed: u32,
     #[serde(default)]
     pub total_restarts: u64,
+    /// The bursts its autoscaler has seen (`[model.scaling] forecast`), kept whether or not a
+    /// replica is taken back: the period is the model's, not a replica's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bursts: Option<Remembered>,
 }
 
 /// The core's side of the persisted state.
@@ -99,6 +104,7 @@ impl Node {
                     next_n: m.next_n,
                     desired_routed: m.desired_routed,
                     total_restarts: m.total_restarts,
+                    bursts: m.autoscaler.remembered_bursts(),
                 };
                 (name.clone(), rec)
             })
@@ -135,6 +141,9 @@ impl Node {
         out: &mut Vec<Action>,
     ) {
         for (name, rec) in &ledger.models {
+            if let (Some(m), Some(bursts)) = (self.models.get_mut(name), &rec.bursts) {
+                m.autoscaler.restore_bursts(bursts, now);
+            }
             // Only where something is taken back: after an orderly stop nothing is, and the
             // model starts afresh from its configuration.
             if !ledger.replicas.iter().any(|r| r.model == *name) {

@@ -457,3 +457,46 @@ fn after_an_orderly_stop_nothing_is_taken_back_and_models_start_afresh() {
         .collect();
     assert!(ids.contains(&"a-1".to_string()), "{ids:?}");
 }
+
+/// The bursts a model's autoscaler has seen are in the ledger and come back with it, after an
+/// unplanned death and a hand-over alike, and also when no replica is taken back (an orderly
+/// stop leaves a ledger of models only).
+#[test]
+fn the_bursts_a_model_has_seen_come_back_with_the_ledger() {
+    use crate::core::policy::recurrence::{Onset, Remembered};
+    let toml = two_models("server");
+    let (mut old, _) = earlier_run(&toml);
+    let seen = Remembered {
+        // Seconds before the harness's clock (which starts at 1000 s).
+        onsets: [100, 400, 700]
+            .iter()
+            .map(|&at| Onset { at, level: 20.0 })
+            .collect(),
+        last_rising: Some(705),
+    };
+    let now = old.now;
+    if let Some(m) = old.node.models.get_mut("a") {
+        m.autoscaler.restore_bursts(&seen, now);
+    }
+    let ledger = old.node.ledger();
+    assert_eq!(ledger.models["a"].bursts.as_ref(), Some(&seen));
+    assert_eq!(ledger.models["b"].bursts, None, "b has seen none");
+    let models_only = Ledger {
+        models: ledger.models.clone(),
+        replicas: Vec::new(),
+    };
+    for (how, ledger) in [
+        (Adoption::Found, ledger.clone()),
+        (Adoption::HandedOver, ledger),
+        (Adoption::Found, models_only),
+    ] {
+        let mut h = Harness::bare(&toml);
+        h.send(Event::Adopt { how, ledger });
+        assert_eq!(
+            h.node.models["a"].autoscaler.remembered_bursts().as_ref(),
+            Some(&seen),
+            "{how:?}"
+        );
+        assert_eq!(h.node.ledger().models["a"].bursts.as_ref(), Some(&seen));
+    }
+}

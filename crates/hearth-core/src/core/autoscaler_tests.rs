@@ -232,3 +232,61 @@ fn forecast_readies_a_recurring_burst_before_it_begins_and_releases_between_burs
         off[1900]
     );
 }
+
+/// The same bursts, with the daemon restarted at 1950 (after the third burst, before the
+/// fourth): the bursts it had seen come back from its ledger (as JSON, as on disk), and the
+/// fourth burst finds its replicas ready as if it had never stopped. The control, a restart
+/// that forgets them, needs three bursts again.
+#[test]
+fn the_bursts_seen_survive_a_restart_through_the_ledger() {
+    let cap = measured().capacity().unwrap();
+    let need = |rate: f64| capacity::replicas_needed(rate, cap, 0.5, capacity::WAIT_TAIL, 40);
+    let (calm, high) = (need(4.0), need(30.0));
+    let rate_at = |s: u64| {
+        if s >= 300 && (s - 300) % 600 < 30 {
+            30.0
+        } else {
+            4.0
+        }
+    };
+    let scaling = scaling("min = 1\nmax = 40\nforecast = true");
+    let mut first = measured();
+    let mut desired = calm;
+    for s in 0..1950u64 {
+        let rate = rate_at(s);
+        if let Some(d) = feed(&mut first, &scaling, s, (rate, Some(rate)), desired) {
+            desired = d.to;
+        }
+    }
+    let saved = first.remembered_bursts().expect("three bursts were seen");
+    let json = serde_json::to_string(&saved).unwrap();
+    let read: policy::recurrence::Remembered = serde_json::from_str(&json).unwrap();
+    let resumed = |restore: bool| {
+        let mut a = measured();
+        if restore {
+            a.restore_bursts(&read, Time(Duration::from_secs(1950)));
+        }
+        let mut desired = desired;
+        let mut at_2099 = 0;
+        for s in 1950..2200u64 {
+            let rate = rate_at(s);
+            if let Some(d) = feed(&mut a, &scaling, s, (rate, Some(rate)), desired) {
+                desired = d.to;
+            }
+            if s == 2099 {
+                at_2099 = desired;
+            }
+        }
+        at_2099
+    };
+    assert!(
+        resumed(true) >= high,
+        "restored: {} at 2099, {high} needed",
+        resumed(true)
+    );
+    assert!(
+        resumed(false) < high,
+        "forgotten: {} at 2099 (the control)",
+        resumed(false)
+    );
+}

@@ -119,6 +119,16 @@ impl Autoscaler {
     }
 
     /// A cold start finished after `d` (spawn → warm).
+    /// The bursts seen, for the next run of the daemon (its ledger).
+    pub fn remembered_bursts(&self) -> Option<recurrence::Remembered> {
+        self.recurrence.remembered()
+    }
+
+    /// The bursts an earlier run saw, taken back at `now` (bounded: `Recurrence::restore`).
+    pub fn restore_bursts(&mut self, saved: &recurrence::Remembered, now: Time) {
+        self.recurrence = Recurrence::restore(saved, now.0.as_secs());
+    }
+
     pub fn observe_time_to_ready(&mut self, d: Duration) {
         self.ready_times.push_back(d);
         if self.ready_times.len() > READY_TIMES {

@@ -2,14 +2,17 @@
 //! model has seen, the period they keep, and when the next one is due, so that its capacity can
 //! be ready one time-to-ready before it instead of a cold start after it.
 //!
-//! Only onsets are kept (at most `ONSETS`, whatever the rate), so memory is bounded per model
-//! (they are not yet kept across a restart: docs/autoscaling.md says so). A forecast needs
+//! Only onsets are kept (at most `ONSETS`, whatever the rate), so memory is bounded per model.
+//! They outlive the daemon in its ledger ([`Remembered`]): the core's seconds are wall-clock
+//! seconds, so a restart or an upgrade picks the period up where it was. A forecast needs
 //! `EVIDENCE` intervals that agree within `SPREAD`; one whose burst does not come within its
 //! window is dropped, and the late burst's interval disagrees with the others, so a period that
 //! stopped holding is not believed again until it has held twice more. Bursts at irregular
 //! intervals rarely agree twice running, and a phantom forecast costs one window's capacity.
 
 use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
 
 /// Onsets remembered.
 pub const ONSETS: usize = 8;
@@ -28,8 +31,11 @@ const MAX_PERIOD_S: u64 = 26 * 3600;
 /// The most intervals a period is judged on: the newest ones.
 const JUDGED: usize = ONSETS - 1;
 
+/// Levels above this (requests per second) are not believed from a saved ledger.
+const MAX_LEVEL: f64 = 1e6;
+
 /// One burst: the second it began and the level it reached.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Onset {
     pub at: u64,
     pub level: f64,
@@ -59,7 +65,50 @@ pub struct Recurrence {
     last_rising: Option<u64>,
 }
 
+/// What a model's recurrence leaves for the next run of the daemon (in its ledger).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Remembered {
+    /// Oldest first.
+    #[serde(default)]
+    pub onsets: Vec<Onset>,
+    /// The last second demand rose as a burst does: a burst under way at a restart stays one
+    /// burst.
+    #[serde(default)]
+    pub last_rising: Option<u64>,
+}
+
 impl Recurrence {
+    /// What the next run needs; None when no burst has been seen.
+    pub fn remembered(&self) -> Option<Remembered> {
+        if self.onsets.is_empty() && self.last_rising.is_none() {
+            return None;
+        }
+        Some(Remembered {
+            onsets: self.onsets.iter().copied().collect(),
+            last_rising: self.last_rising,
+        })
+    }
+
+    /// Taken back from a saved ledger, which is read from disk and believed only as far as it
+    /// is plausible at `now`: onsets in the future, out of order or with a level that is not a
+    /// finite rate are dropped, and only the newest `ONSETS` are kept.
+    pub fn restore(saved: &Remembered, now: u64) -> Recurrence {
+        let mut onsets: VecDeque<Onset> = VecDeque::new();
+        for o in saved.onsets.iter().rev().take(ONSETS) {
+            let plausible = o.at <= now
+                && o.level.is_finite()
+                && (0.0..=MAX_LEVEL).contains(&o.level)
+                && onsets.front().is_none_or(|newer| o.at < newer.at);
+            if plausible {
+                onsets.push_front(*o);
+            }
+        }
+        Recurrence {
+            onsets,
+            last_rising: saved.last_rising.filter(|t| *t <= now),
+        }
+    }
+
     /// One second of demand: whether it rose as a burst does, and its smoothed arrival rate.
     pub fn observe(&mut self, second: u64, rising: bool, smooth: Option<f64>) {
         if rising {
@@ -183,6 +232,58 @@ mod tests {
         }
         assert_eq!(r.onsets.len(), 1);
         assert_eq!(r.period(3000), None);
+    }
+
+    #[test]
+    fn what_is_remembered_foretells_the_same_after_a_restart_and_bad_records_are_dropped() {
+        let r = play(&[600, 1200, 1800], 20.0, 1900);
+        let saved = r.remembered().expect("bursts were seen");
+        let back = Recurrence::restore(&saved, 1950);
+        assert_eq!(back.period(1950), r.period(1950));
+        assert_eq!(back.last_rising, r.last_rising);
+        // A burst under way at the restart is still one burst.
+        let mut cont = Recurrence::restore(&saved, 1810);
+        cont.observe(1810, true, Some(20.0));
+        assert_eq!(cont.onsets.len(), 3);
+        // Nothing seen: nothing to keep.
+        assert_eq!(Recurrence::default().remembered(), None);
+        // A corrupt or hostile file: too many onsets, some in the future, out of order, or
+        // with levels that are not rates.
+        let mut onsets: Vec<Onset> = (1..=100)
+            .map(|k| Onset {
+                at: k * 600,
+                level: 20.0,
+            })
+            .collect();
+        onsets.push(Onset {
+            at: 1_000_000,
+            level: 20.0,
+        });
+        onsets.insert(
+            97,
+            Onset {
+                at: 10,
+                level: 20.0,
+            },
+        );
+        onsets[98].level = f64::NAN;
+        onsets[99].level = -1.0;
+        let hostile = Remembered {
+            onsets,
+            last_rising: Some(u64::MAX),
+        };
+        let back = Recurrence::restore(&hostile, 60_500);
+        assert!(back.onsets.len() <= ONSETS);
+        assert!(back
+            .onsets
+            .iter()
+            .all(|o| o.at <= 60_500 && o.level.is_finite() && o.level >= 0.0));
+        assert!(back
+            .onsets
+            .iter()
+            .zip(back.onsets.iter().skip(1))
+            .all(|(a, b)| a.at < b.at));
+        assert_eq!(back.last_rising, None);
     }
 
     #[test]
