@@ -14,8 +14,12 @@
 //! byte from the other (async-signal-safe calls only: getpid, write, read). `Command::spawn`
 //! blocks until the child execs, so the daemon's side runs on a helper thread: it reads the
 //! pid, places it, and answers 1 (go on) or 0 (give up: the child's `pre_exec` fails and
-//! `spawn` returns the error). The child carries PR_SET_PDEATHSIG and sees EOF if the daemon
-//! dies meanwhile: it never runs unplaced.
+//! `spawn` returns the error). If the daemon dies meanwhile (a `kill -9` in the middle of a
+//! spawn), the child sees EOF and exits: it never runs unplaced, and never waits for ever. For
+//! that EOF the child first closes its own copies of the daemon's ends: fork copies every
+//! descriptor, and close-on-exec closes them only at the exec the child is waiting to reach, so
+//! a child that kept the write end of its own `go` pipe would wait on itself (an orphan outside
+//! any replica's cgroup, found after a restart by the chaos test).
 
 // The crate denies unsafe code; this file needs it for what the child does between fork and exec: each block says why it is sound.
 #![allow(unsafe_code)]
@@ -39,11 +43,14 @@ pub struct Gate {
     go_write: OwnedFd,
 }
 
-/// What the child keeps: two descriptor numbers, no allocation.
+/// What the child keeps: descriptor numbers, no allocation. Its own two ends, and the
+/// daemon's two, which it closes.
 #[derive(Clone, Copy)]
 pub struct ChildSide {
     pid_write: RawFd,
     go_read: RawFd,
+    pid_read: RawFd,
+    go_write: RawFd,
 }
 
 impl Gate {
@@ -62,6 +69,8 @@ impl Gate {
         ChildSide {
             pid_write: self.pid_write.as_raw_fd(),
             go_read: self.go_read.as_raw_fd(),
+            pid_read: self.pid_read.as_raw_fd(),
+            go_write: self.go_write.as_raw_fd(),
         }
     }
 
@@ -106,8 +115,14 @@ impl Gate {
 impl ChildSide {
     /// In the child, between fork and exec: async-signal-safe calls only, no allocation.
     pub fn wait(self) -> io::Result<()> {
-        // SAFETY: getpid, write and read are async-signal-safe; the buffers live on this stack.
+        // SAFETY: close, getpid, write and read are async-signal-safe; the buffers live on
+        // this stack; the descriptors closed are this process's copies of the daemon's ends,
+        // which nothing in the child uses.
         unsafe {
+            // The daemon's ends: only the daemon may hold them, or a dead daemon's EOF never
+            // comes (see the module's comment).
+            libc::close(self.go_write);
+            libc::close(self.pid_read);
             let pid = libc::getpid() as u32;
             let bytes = pid.to_ne_bytes();
             loop {
@@ -136,6 +151,45 @@ impl ChildSide {
                 Ok(())
             } else {
                 Err(io::Error::from_raw_os_error(libc::ECANCELED))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+
+    /// The daemon dies while its child waits at the gate (here: it reads the pid, then its ends
+    /// go, as at a `kill -9`): the child sees EOF and its spawn fails, and it never execs.
+    #[test]
+    fn a_child_at_the_gate_exits_when_the_daemon_side_is_gone() {
+        let gate = Gate::new().unwrap();
+        let child_side = gate.child_side();
+        let mut cmd = std::process::Command::new("true");
+        // SAFETY: `wait` makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || child_side.wait());
+        }
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(cmd.spawn().map(|mut c| c.wait()));
+        });
+        let mut buf = [0u8; 4];
+        let n = nix::unistd::read(&gate.pid_read, &mut buf).unwrap();
+        assert_eq!(n, 4, "the child sends its pid");
+        let pid = u32::from_ne_bytes(buf);
+        drop(gate);
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(result) => assert!(result.is_err(), "the child ran past the gate: {result:?}"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("the child still waits at the gate 20 s after the daemon's ends closed");
             }
         }
     }
