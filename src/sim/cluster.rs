@@ -300,8 +300,6 @@ impl Cluster {
         }
     }
 
-    /// The process is gone: whatever it still had (waiting or running) is killed. Returns how
-    /// many requests were killed.
     /// The replica is asleep from `now` (`true`) or no longer (`false`).
     pub fn set_asleep(&mut self, r: u32, asleep: bool, now: Us) {
         let x = &mut self.replicas[r as usize];
@@ -326,6 +324,8 @@ impl Cluster {
             .sum()
     }
 
+    /// The process is gone: whatever it still had (waiting or running) is killed. Returns how
+    /// many requests were killed.
     pub fn exit(&mut self, r: u32, now: Us) -> u64 {
         self.unroute(r);
         self.touch(r, now);

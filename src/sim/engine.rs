@@ -45,6 +45,17 @@ pub struct Params {
     pub wake: Us,
     /// Falling asleep: first sleep request → answered.
     pub fall_asleep: Us,
+    /// What a sleeping replica costs, where the model has `[model.sleep]`: the oracle may then
+    /// keep replicas asleep between uses, as hearth may.
+    pub asleep: Option<Asleep>,
+}
+
+/// A sleeping replica's bill: `gpu_memory_asleep` ÷ `gpu_memory` of a replica-second, and the
+/// host memory it holds (bytes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Asleep {
+    pub charge: f64,
+    pub host_memory: u64,
 }
 
 /// One point of the per-second time series (for plots).

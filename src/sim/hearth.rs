@@ -25,7 +25,7 @@ use crate::config::{Config, WarmPool};
 use crate::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, ReplicaId, Time};
 use crate::protocol::{ReplicaState, Report, Request, WatchEvent, WatchedState};
 
-use super::engine::{Driver, Ev, Sim};
+use super::engine::{Asleep, Driver, Ev, Sim};
 use super::Us;
 
 pub struct HearthDriver {
@@ -58,6 +58,16 @@ pub struct HearthDriver {
 /// The GPU memory a replica is taken to hold when its model does not say (an 80 GiB device).
 const DEFAULT_GPU_MEMORY: u64 = 80 << 30;
 
+/// What a sleeping replica of `m` costs. None: the model has no `[model.sleep]`.
+pub(super) fn asleep(m: &crate::config::ModelConfig) -> Option<Asleep> {
+    let s = m.sleep.as_ref()?;
+    let whole = m.launch.gpu_memory.unwrap_or(DEFAULT_GPU_MEMORY).max(1);
+    Some(Asleep {
+        charge: (s.gpu_memory_asleep as f64 / whole as f64).min(1.0),
+        host_memory: s.host_memory,
+    })
+}
+
 /// A replica reports its queue every second, as a real server would while it serves (routed)
 /// or finishes its work (draining), and a warm one while it finishes what it held when it left
 /// the routed set (and once more when it has finished).
@@ -82,15 +92,8 @@ impl HearthDriver {
         let (asleep_charge, asleep_host_memory) = config
             .models
             .first()
-            .and_then(|m| {
-                let s = m.sleep.as_ref()?;
-                let whole = m.launch.gpu_memory.unwrap_or(DEFAULT_GPU_MEMORY).max(1);
-                Some((
-                    (s.gpu_memory_asleep as f64 / whole as f64).min(1.0),
-                    s.host_memory,
-                ))
-            })
-            .unwrap_or((1.0, 0));
+            .and_then(asleep)
+            .map_or((1.0, 0), |a| (a.charge, a.host_memory));
         for m in &mut config.models {
             m.launch.gpus = 0;
             m.launch.gpu_memory = None;

@@ -295,6 +295,7 @@ impl Setup {
             decisions: false,
             wake: 0,
             fall_asleep: 0,
+            asleep: hearth::asleep(m),
         };
         let targets = Targets {
             concurrency,

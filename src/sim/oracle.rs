@@ -26,7 +26,10 @@
 //!    Before a replica spawned at 0 could be ready, only the initial `min` replicas exist.
 //! 3. **Keep replicas through short gaps.** A replica that exited no longer than a cold start
 //!    plus the promotion delay before a new one must serve is kept instead (idle, unrouted) and
-//!    routed again in the new one's place: a restart would bill that long before serving.
+//!    routed again in the new one's place: a restart would bill that long before serving. Where
+//!    the model has `[model.sleep]`, longer gaps too, asleep, while the sleep costs less than
+//!    the restart ([`keep`]); the replay puts it to sleep and wakes it one wake time before it
+//!    is routed again.
 //! 4. **Replay, and keep the best plan.** Each schedule is replayed through the same engine as
 //!    every policy (`OracleDriver`); the figures reported are what the replay measured, not what
 //!    the planner predicted (the two agree exactly: `sim::tests` checks it). One plan is made
@@ -47,6 +50,8 @@ use super::{Us, SEC};
 
 pub use super::oracle_replay::OracleDriver;
 
+/// A replica is kept asleep between uses for at most this long.
+const MAX_KEEP: Us = 26 * 3600 * SEC;
 /// The routable set may change at multiples of this.
 pub const STEP: Us = SEC;
 /// How far past a step (and its target wait) a candidate is followed while a queue persists.
@@ -143,8 +148,7 @@ struct Model<'a> {
     slots: usize,
     target: Us,
     promotion: Us,
-    /// A replica idle no longer than this is kept rather than restarted (a cold start and the
-    /// promotion delay: what a new one bills before it serves).
+    /// A replica idle no longer than this is kept rather than restarted: `keep`.
     keep: Us,
 }
 
@@ -387,6 +391,28 @@ struct Outcome {
     waiting: usize,
 }
 
+/// The longest a replica is kept between uses rather than stopped and started again, given
+/// what it would cost. Awake, as long as a cold start and the promotion delay: what a new one
+/// bills before it serves. Where the model has `[model.sleep]`, asleep as long as falling
+/// asleep and waking (billed in full) and the sleep between (at its `asleep` charge) cost less than
+/// that: the replay (oracle_replay.rs) puts every replica kept longer than a sleep and a wake
+/// to sleep, so the oracle uses the sleeping tier as any policy may.
+pub(super) fn keep(p: &Params) -> Us {
+    let restart = p.cold_start + p.promotion;
+    let round_trip = p.fall_asleep + p.wake;
+    match p.asleep.map(|a| a.charge) {
+        Some(c) if c < 1.0 && round_trip < restart => {
+            let asleep = if c <= 0.0 {
+                MAX_KEEP
+            } else {
+                round_trip.saturating_add(((restart - round_trip) as f64 / c) as Us)
+            };
+            restart.max(asleep.min(MAX_KEEP))
+        }
+        _ => restart,
+    }
+}
+
 /// The planner's changes to the routable set, in time order, and its own count of misses.
 pub(super) fn plan(w: &Workload, p: &Params, hold: Us) -> (Vec<(Us, Plan)>, u64) {
     let m = Model {
@@ -394,7 +420,7 @@ pub(super) fn plan(w: &Workload, p: &Params, hold: Us) -> (Vec<(Us, Plan)>, u64)
         slots: p.concurrency.max(1) as usize,
         target: p.target_wait,
         promotion: p.promotion,
-        keep: p.cold_start + p.promotion,
+        keep: keep(p),
     };
     let (min, max) = (p.min.min(p.max), p.max);
     // New replicas exist only once one spawned at 0 could serve.

@@ -1,18 +1,35 @@
 //! The oracle's plan replayed through the same engine as every policy: what it reports is what
-//! the replay measured, not what the planner predicted.
+//! the replay measured, not what the planner predicted. A replica kept between uses for longer
+//! than a sleep and a wake sleeps through the gap where the model has `[model.sleep]` (billed
+//! in full while it falls asleep and wakes, at its `asleep` charge between), woken one wake time
+//! before it is routed again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::engine::{Driver, Ev, Params, Sim};
+use super::engine::{Asleep, Driver, Ev, Params, Sim};
 use super::oracle::{plan, Plan};
 use super::workload::Workload;
 use super::Us;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Act {
-    Spawn { id: u32 },
-    Route { id: u32 },
-    Unroute { id: u32 },
+    Spawn {
+        id: u32,
+    },
+    Route {
+        id: u32,
+    },
+    Unroute {
+        id: u32,
+    },
+    /// A kept replica's sleep request is answered: asleep from now.
+    Asleep {
+        r: u32,
+    },
+    /// Its wake request goes out: billed in full from now.
+    Wake {
+        r: u32,
+    },
 }
 
 /// Replays the plan through the engine.
@@ -25,6 +42,13 @@ pub struct OracleDriver {
     id_of: BTreeMap<u32, u32>,
     /// How many routes each planner id still has ahead: it is kept until then.
     routes_ahead: BTreeMap<u32, u32>,
+    /// When each planner id's routes ahead take place, soonest first.
+    route_times: BTreeMap<u32, VecDeque<Us>>,
+    /// Simulated replicas whose sleep through a gap is under way (asleep or about to be).
+    sleeping: BTreeSet<u32>,
+    /// What a sleeping replica costs, `fall_asleep` and `wake` of the run (where the model has
+    /// `[model.sleep]`).
+    sleep: Option<(Asleep, Us, Us)>,
     scale_actions: u64,
     planned_misses: u64,
 }
@@ -68,12 +92,24 @@ impl OracleDriver {
         }
         // Stable: at one instant, spawns, routes and unroutes keep the plan's order.
         actions.sort_by_key(|a| a.0);
+        let mut route_times: BTreeMap<u32, VecDeque<Us>> = BTreeMap::new();
+        for &(t, a) in &actions {
+            if let Act::Route { id } = a {
+                route_times.entry(id).or_default().push_back(t);
+            }
+        }
         OracleDriver {
             actions,
             min: p.min.min(p.max),
             replica: BTreeMap::new(),
             id_of: BTreeMap::new(),
             routes_ahead,
+            route_times,
+            sleeping: BTreeSet::new(),
+            sleep: p
+                .asleep
+                .filter(|a| (0.0..1.0).contains(&a.charge))
+                .map(|a| (a, p.fall_asleep, p.wake)),
             scale_actions: 0,
             planned_misses: 0,
         }
@@ -86,19 +122,44 @@ impl OracleDriver {
         r
     }
 
-    /// Stops `r` if it has no work and is not to be routed again.
+    /// Stops `r` if it has no work and is not to be routed again; one that is, with a gap
+    /// longer than a sleep and a wake before then, sleeps through it (where the model sleeps).
     fn maybe_exit(&mut self, sim: &mut Sim, r: u32) {
         let id = self.id_of[&r];
         let x = &sim.cl.replicas[r as usize];
-        if !x.routed && x.in_flight() == 0 && self.routes_ahead.get(&id).copied().unwrap_or(0) == 0
-        {
-            sim.exit(r);
+        if x.routed || x.in_flight() != 0 {
+            return;
         }
+        if self.routes_ahead.get(&id).copied().unwrap_or(0) == 0 {
+            sim.exit(r);
+            return;
+        }
+        let Some((_, fall, wake)) = self.sleep else {
+            return;
+        };
+        let next = self.route_times.get(&id).and_then(|t| t.front()).copied();
+        if let Some(next) = next.filter(|t| *t > sim.now + fall + wake) {
+            if self.sleeping.insert(r) {
+                self.at(sim, sim.now + fall, Act::Asleep { r });
+                self.at(sim, next - wake, Act::Wake { r });
+            }
+        }
+    }
+
+    /// An action of the replay's own, beside the plan's.
+    fn at(&mut self, sim: &mut Sim, t: Us, act: Act) {
+        self.actions.push((t, act));
+        let i = (self.actions.len() - 1) as u32;
+        sim.at(t, Ev::Timer { id: i });
     }
 }
 
 impl Driver for OracleDriver {
     fn init(&mut self, sim: &mut Sim) {
+        if let Some((a, _, _)) = self.sleep {
+            sim.cl.asleep_charge = a.charge;
+            sim.cl.asleep_host_memory = a.host_memory;
+        }
         for id in 0..self.min {
             let r = self.spawn(sim, id, true);
             sim.cl.replicas[r as usize].ready = Some(0);
@@ -133,6 +194,9 @@ impl Driver for OracleDriver {
                 if let Some(n) = self.routes_ahead.get_mut(&id) {
                     *n = n.saturating_sub(1);
                 }
+                if let Some(t) = self.route_times.get_mut(&id) {
+                    t.pop_front();
+                }
                 let x = &mut sim.cl.replicas[r as usize];
                 if !x.alive() {
                     return;
@@ -150,6 +214,11 @@ impl Driver for OracleDriver {
                 sim.cl.replicas[r as usize].draining = true;
                 self.maybe_exit(sim, r);
                 self.scale_actions += counted;
+            }
+            Act::Asleep { r } => sim.cl.set_asleep(r, true, sim.now),
+            Act::Wake { r } => {
+                sim.cl.set_asleep(r, false, sim.now);
+                self.sleeping.remove(&r);
             }
         }
     }

@@ -131,6 +131,7 @@ fn params(warmup: Us) -> Params {
         decisions: false,
         wake: 0,
         fall_asleep: 0,
+        asleep: None,
     }
 }
 
@@ -306,6 +307,80 @@ fn the_oracle_replays_its_plan_exactly_and_no_online_policy_beats_it() {
             "{name}: oracle {:.2} % at {:.0} replica-s",
             oracle.over_target * 100.0,
             oracle.replica_seconds,
+        );
+    }
+}
+
+/// `config(1, 16, 0)` with vLLM's sleep mode: a sleeping replica holds 600 MiB of 36 GiB.
+fn sleep_config() -> Config {
+    let text = "[[model]]\nname = \"m\"\n\
+        command = [\"vllm\", \"serve\", \"/m\", \"--host\", \"127.0.0.1\", \"--port\", \"{port}\", \"--enable-sleep-mode\"]\n\
+        env = { VLLM_SERVER_DEV_MODE = \"1\" }\ngpus = 1\ngpu_memory = \"36GiB\"\n\
+        [model.warmup]\nurl = \"http://127.0.0.1:{port}/v1/completions\"\n\
+        [model.sleep]\nformat = \"vllm\"\nlevel = 1\nhost_memory = \"17GiB\"\ngpu_memory_asleep = \"600MiB\"\n\
+        [model.scaling]\nmin = 1\nmax = 16\nwarm_pool = 0\ntarget_wait = \"2s\"\n";
+    Config::parse(text, Path::new("sim-sleep-test.toml")).expect("valid")
+}
+
+/// Where the model sleeps, the oracle keeps replicas asleep through the gaps between uses
+/// (billed in full while falling asleep and waking, at 600 MiB ÷ 36 GiB between), woken one
+/// wake time before they serve: as few misses as without it, fewer replica-seconds, its replay
+/// still exactly its plan, and hearth with its sleeping tier does not beat it.
+#[test]
+fn the_oracle_sleeps_through_the_gaps_where_the_model_sleeps() {
+    for (name, seed) in [("burst", 1), ("burst", 4), ("sawtooth", 2), ("diurnal", 3)] {
+        let mut w = workload::synthetic_workload(name, seed, &SM, 1.0, 1.0).unwrap();
+        w.truncate(3600 * SEC);
+        let warmup = Duration::from_secs(300);
+        let (mut awake, mut asleep) = (setup(config(1, 16, 0), &w, warmup), {
+            let cfg = sleep_config();
+            setup(cfg, &w, warmup)
+        });
+        for s in [&mut awake, &mut asleep] {
+            s.params.wake = SEC;
+            s.params.fall_asleep = 5 * SEC;
+        }
+        assert!(awake.params.asleep.is_none() && asleep.params.asleep.is_some());
+        for hold in super::oracle::HOLDS {
+            let mut d = super::oracle::OracleDriver::new(&w, &asleep.params, hold);
+            let out = engine::run(&mut d, &w, asleep.params);
+            let replayed = out
+                .cl
+                .reqs
+                .iter()
+                .filter(|q| {
+                    q.start
+                        .is_none_or(|t| t - q.arrival > asleep.params.target_wait)
+                })
+                .count() as u64;
+            assert_eq!(replayed, d.planned_misses(), "{name}: replay = plan");
+        }
+        let run = |s: &Setup, p: Policy| run_policy(s, &w, p).report;
+        let (plain, sleeping) = (run(&awake, Policy::Oracle), run(&asleep, Policy::Oracle));
+        assert!(
+            sleeping.over_target <= plain.over_target,
+            "{name}: {} % asleep, {} % awake",
+            sleeping.over_target * 100.0,
+            plain.over_target * 100.0
+        );
+        assert!(
+            sleeping.sleeping_seconds > 0.0 && sleeping.replica_seconds < plain.replica_seconds,
+            "{name}: {sleeping:?} against {plain:?}"
+        );
+        assert_eq!(sleeping.killed, 0, "{name}");
+        let hearth = run(&asleep, Policy::Hearth);
+        assert!(
+            !(hearth.over_target <= sleeping.over_target
+                && hearth.replica_seconds < sleeping.replica_seconds),
+            "{name}: hearth asleep ({:.3} %, {:.0}) beats the oracle asleep ({:.3} %, {:.0})",
+            hearth.over_target * 100.0,
+            hearth.replica_seconds,
+            sleeping.over_target * 100.0,
+            sleeping.replica_seconds
+        );
+        eprintln!(
+            "{name} seed {seed}: oracle {:.0} replica-s awake, {:.0} with sleep ({:.0} s asleep); hearth with sleep {:.0}",
+            plain.replica_seconds, sleeping.replica_seconds, sleeping.sleeping_seconds, hearth.replica_seconds
         );
     }
 }
