@@ -255,6 +255,26 @@ fn an_hour_of_the_conv_trace_with_all_policies_is_quick() {
     assert!(took.as_secs_f64() < limit, "{took:?}");
 }
 
+/// Each of the oracle's plans, replayed through the engine, misses exactly the requests its
+/// planner expected to.
+fn assert_replay_is_plan(w: &Workload, p: &Params, name: &str) {
+    for hold in super::oracle::HOLDS {
+        let mut d = super::oracle::OracleDriver::new(w, p, hold);
+        let out = engine::run(&mut d, w, *p);
+        let replayed = out
+            .cl
+            .reqs
+            .iter()
+            .filter(|q| q.start.is_none_or(|t| t - q.arrival > p.target_wait))
+            .count() as u64;
+        assert_eq!(
+            replayed,
+            d.planned_misses(),
+            "{name}: replay = plan (hold {hold})"
+        );
+    }
+}
+
 /// The oracle's figures are its replay through the engine; the replay serves exactly as the
 /// planner's model predicted (same router, slots and queues), kills nothing, and no online
 /// policy does as well for less.
@@ -273,17 +293,7 @@ fn the_oracle_replays_its_plan_exactly_and_no_online_policy_beats_it() {
         let mut s = setup(cfg, &w, Duration::from_secs(300));
         s.params.concurrency = slots;
         s.params.target_wait = (target * SEC as f64) as Us;
-        for hold in super::oracle::HOLDS {
-            let mut d = super::oracle::OracleDriver::new(&w, &s.params, hold);
-            let out = engine::run(&mut d, &w, s.params);
-            let replayed = out
-                .cl
-                .reqs
-                .iter()
-                .filter(|q| q.start.is_none_or(|t| t - q.arrival > s.params.target_wait))
-                .count() as u64;
-            assert_eq!(replayed, d.planned_misses(), "{name}: replay = plan");
-        }
+        assert_replay_is_plan(&w, &s.params, name);
         let (report, _) = simulate(&s, &w, &Policy::DEFAULT);
         let oracle = report
             .policies
@@ -341,20 +351,7 @@ fn the_oracle_sleeps_through_the_gaps_where_the_model_sleeps() {
             s.params.fall_asleep = 5 * SEC;
         }
         assert!(awake.params.asleep.is_none() && asleep.params.asleep.is_some());
-        for hold in super::oracle::HOLDS {
-            let mut d = super::oracle::OracleDriver::new(&w, &asleep.params, hold);
-            let out = engine::run(&mut d, &w, asleep.params);
-            let replayed = out
-                .cl
-                .reqs
-                .iter()
-                .filter(|q| {
-                    q.start
-                        .is_none_or(|t| t - q.arrival > asleep.params.target_wait)
-                })
-                .count() as u64;
-            assert_eq!(replayed, d.planned_misses(), "{name}: replay = plan");
-        }
+        assert_replay_is_plan(&w, &asleep.params, name);
         let run = |s: &Setup, p: Policy| run_policy(s, &w, p).report;
         let (plain, sleeping) = (run(&awake, Policy::Oracle), run(&asleep, Policy::Oracle));
         assert!(
