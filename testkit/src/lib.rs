@@ -31,6 +31,7 @@
 //! killed from outside takes them along, and the daemons their replicas.
 
 mod builder;
+mod burst;
 pub mod cgroups;
 mod config;
 mod conn;
@@ -54,6 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use builder::DaemonBuilder;
+pub use burst::{Answer, Burst};
 pub use config::{Config, Liveness, Model};
 pub use conn::{ask_on, connect_as, request, Conn};
 pub use daemon::{run, CliOutput, Daemon, Home, Launch};

@@ -1,7 +1,10 @@
 //! End to end with llama.cpp's real server: hearth scrapes `llamacpp:requests_deferred` from the
-//! routed replica, sees the queue a burst of long completions builds behind its single slot, and
-//! promotes the warm replica within 2 s; every request succeeds, and the promotion refills the
-//! pool.
+//! routed replica, sees the queue that a burst of long completions builds behind its single slot,
+//! and promotes the warm replica within 2 s; every request succeeds, and the promotion refills
+//! the pool.
+//!
+//! The burst is closed-loop (testkit's `Burst`) and stops once the promotion is seen, so the
+//! queue lasts as long as hearth needs to see it, however fast this machine is at the moment.
 //!
 //! Nothing reports on the socket here (llama.cpp knows nothing of hearth): scraping is the only
 //! signal there is, so the promotion shows the scrape path works.
@@ -13,6 +16,8 @@ use testkit::*;
 
 const MODEL: &str = "tiny";
 const BURST: usize = 5;
+/// How long the burst's clients go on if no promotion stops them (the wait below is 10 s).
+const BURST_LONGEST: Duration = Duration::from_secs(15);
 
 #[test]
 fn deferred_requests_scraped_from_llama_cpp_promote_the_warm_replica() {
@@ -38,28 +43,24 @@ fn deferred_requests_scraped_from_llama_cpp_promote_the_warm_replica() {
     // Long enough that each request keeps the only slot for ~0.6 s on this machine today.
     let n_predict = tokens_for(&addr, Duration::from_millis(600), 1900);
 
-    // The burst: all at once at the routed replica; all but one wait behind the single slot.
+    // The burst: all at once at the routed replica; all but one wait behind the single slot,
+    // and go on waiting there until hearth has promoted.
     let mark = watch.len();
     let sent = Instant::now();
-    let burst: Vec<_> = (0..BURST)
-        .map(|_| {
-            let addr = addr.clone();
-            std::thread::spawn(move || llama_complete(&addr, n_predict))
-        })
-        .collect();
+    let burst = Burst::start(&addr, n_predict, BURST, BURST_LONGEST);
 
     // hearth only knows of the queue by scraping; watch it see the queue, then promote.
-    let (i_promoted, promoted) = watch
-        .wait_for(mark, Duration::from_secs(10), |v| {
-            v["event"] == "routed" && endpoints(v).len() >= 2
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no promotion within 10 s of the burst; status: {}\nlog:\n{}",
-                d.model(MODEL),
-                d.log_tail(60)
-            )
-        });
+    let promoted = watch.wait_for(mark, Duration::from_secs(10), |v| {
+        v["event"] == "routed" && endpoints(v).len() >= 2
+    });
+    burst.stop();
+    let (i_promoted, promoted) = promoted.unwrap_or_else(|| {
+        panic!(
+            "no promotion within 10 s of a burst of {BURST} clients of {n_predict} tokens; status: {}\nlog:\n{}",
+            d.model(MODEL),
+            d.log_tail(60)
+        )
+    });
     assert!(
         endpoints(&promoted.v).iter().any(|(_, a)| *a == addr),
         "the busy replica stays routed: {}",
@@ -87,11 +88,12 @@ fn deferred_requests_scraped_from_llama_cpp_promote_the_warm_replica() {
     assert!(reason.contains("wait"), "{reason}");
 
     // Every request of the burst is answered in full.
-    for (i, h) in burst.into_iter().enumerate() {
-        let (code, tokens, body) = h.join().expect("request thread").expect("request");
-        assert_eq!(code, 200, "request {i}: {body}");
+    let answers = burst.answers();
+    assert!(answers.len() >= BURST, "{} answers", answers.len());
+    for (i, (code, tokens, body)) in answers.iter().enumerate() {
+        assert_eq!(*code, 200, "request {i}: {body}");
         assert_eq!(
-            tokens, n_predict as u64,
+            *tokens, n_predict as u64,
             "request {i} generated all its tokens"
         );
     }

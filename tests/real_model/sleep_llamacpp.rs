@@ -113,23 +113,20 @@ fn a_pooled_llama_server_falls_asleep_by_itself_and_a_burst_wakes_and_routes_it(
         "asking did not wake it"
     );
 
-    // The burst: long completions at the routed replica's single slot; all but one queue.
+    // The burst: long completions at the routed replica's single slot; all but one queue, and
+    // go on queueing (closed-loop) until the sleeper is woken and routed.
     let n_predict = tokens_for(&routed_addr, Duration::from_millis(600), 1900);
     let burst = Instant::now();
-    let loads: Vec<_> = (0..6)
-        .map(|_| {
-            let addr = routed_addr.clone();
-            std::thread::spawn(move || llama_complete(&addr, n_predict))
-        })
-        .collect();
+    let load = Burst::start(&routed_addr, n_predict, 6, Duration::from_secs(70));
     let m = d.wait_model(MODEL, "2 routed", Duration::from_secs(60), |m| {
         m["routed"] == 2
     });
     let routed_at = burst.elapsed();
-    for (i, h) in loads.into_iter().enumerate() {
-        let (code, tokens, body) = h.join().expect("request thread").expect("request");
-        assert_eq!(code, 200, "request {i}: {body}");
-        assert_eq!(tokens, n_predict as u64, "request {i}");
+    let answers = load.answers();
+    assert!(answers.len() >= 6, "{} answers", answers.len());
+    for (i, (code, tokens, body)) in answers.iter().enumerate() {
+        assert_eq!(*code, 200, "request {i}: {body}");
+        assert_eq!(*tokens, n_predict as u64, "request {i}");
     }
     // The same process, woken: no cold start.
     let woken = replicas_of(&m)
