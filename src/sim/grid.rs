@@ -51,12 +51,12 @@ pub const POLICIES: [Policy; 7] = [
     Policy::Oracle,
 ];
 
-const SM: ServiceModel = ServiceModel {
+pub(super) const SM: ServiceModel = ServiceModel {
     prefill: 0.0002,
     decode: 0.02,
 };
-const PROMOTION: Duration = Duration::from_millis(500);
-const WARMUP: Duration = Duration::from_secs(300);
+pub(super) const PROMOTION: Duration = Duration::from_millis(500);
+pub(super) const WARMUP: Duration = Duration::from_secs(300);
 
 /// A workload of the grid, at every slot count (its load scaled to the slots).
 pub struct GridWorkload {
@@ -390,6 +390,8 @@ pub struct Options {
     pub only: Option<Vec<Policy>>,
     /// The held-out family (`grid_held_out`) instead of the standard workloads.
     pub held_out: bool,
+    /// The cells with a sleeping tier (`grid_sleep`) instead of the standard ones.
+    pub sleep_cells: bool,
     pub json: bool,
     pub markdown: bool,
 }
@@ -402,6 +404,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         jobs,
         only,
         held_out,
+        sleep_cells,
         json,
         markdown,
     } = o;
@@ -448,6 +451,13 @@ pub fn main(o: Options) -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    if sleep_cells {
+        super::grid_sleep::main(&ws, sample_n, jobs, json);
+        if dir.is_some() {
+            eprintln!("traces: {}", workload::AZURE_ATTRIBUTION);
+        }
+        return std::process::ExitCode::SUCCESS;
+    }
     let cells = match sample_n {
         Some(n) => sample(ws.len(), n),
         None => cells(ws.len()),

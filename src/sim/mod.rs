@@ -18,6 +18,7 @@ pub mod engine;
 pub mod grid;
 pub mod grid_held_out;
 pub mod grid_report;
+pub mod grid_sleep;
 pub mod grid_verdict;
 pub mod header;
 pub mod hearth;
@@ -157,7 +158,7 @@ held out of the grid: burst-3m, burst-7m, burst-25m (jittered ±20 %), burst-poi
 --rate-mult X multiplies the arrival rate (synthetic: the Poisson rate; traces: each arrival \
 kept with probability X below 1, replayed ⌊X⌋ or ⌈X⌉ times above 1, copies shifted by up to 1 s).\n\
 --grid runs the standard grid instead (every scenario and trace, cold start, slot count and \
-target; see BENCHMARKS.md) and needs neither --config nor --model; --grid --family held-out runs \
+target; see BENCHMARKS.md) and needs neither --config nor --model; --grid --sleep-cells runs the cells with a sleeping tier; --grid --family held-out runs \
 the held-out family on the same knobs instead."
 )]
 pub struct SimArgs {
@@ -243,6 +244,10 @@ pub struct SimArgs {
     /// held-out scenarios and the grid's scenarios at seeds 6–10)
     #[arg(long, requires = "grid", value_parser = ["standard", "held-out"])]
     pub family: Option<String>,
+    /// With --grid: the cells with a sleeping tier instead (cold start 60 s and 240 s, wake 1 s
+    /// and 5 s): hearth without and with [model.sleep], and the oracle with it
+    #[arg(long, requires = "grid", conflicts_with = "policy")]
+    pub sleep_cells: bool,
     /// With --grid: threads to run cells on (default: one per core)
     #[arg(long, requires = "grid", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub jobs: Option<u32>,
@@ -442,6 +447,7 @@ pub fn main(a: SimArgs) -> ExitCode {
             jobs: a.jobs.map(|j| j as usize),
             only,
             held_out: a.family.as_deref() == Some("held-out"),
+            sleep_cells: a.sleep_cells,
             json: a.json,
             markdown: a.markdown,
         });
