@@ -100,13 +100,49 @@ pub fn cells(workloads: usize) -> Vec<Cell> {
 /// `n` cells that span every workload and every setting of the knobs: cell i takes workload
 /// i mod W and knob setting 5i mod 18 (5 and 18 are coprime, so each run of 18 covers them all).
 pub fn sample(workloads: usize, n: usize) -> Vec<Cell> {
-    let knobs = cells(1);
+    sample_of(&cells(1), workloads, n)
+}
+
+/// `n` cells over `knobs` (one workload's knob settings): cell i takes workload i mod W and
+/// knob setting 5i mod K. 5 must be coprime with K for each run of K to cover every setting.
+pub(super) fn sample_of(knobs: &[Cell], workloads: usize, n: usize) -> Vec<Cell> {
+    if knobs.is_empty() || workloads == 0 {
+        return Vec::new();
+    }
     (0..n)
         .map(|i| Cell {
             workload: i % workloads,
             ..knobs[(5 * i) % knobs.len()]
         })
         .collect()
+}
+
+/// The sample's promise, for the tests of both grids: `s` has `n` cells, covers the first
+/// min(n, W) workloads and every setting in `knobs`, and every cell is one of `all`.
+#[cfg(test)]
+pub(super) fn assert_sample_spans(
+    s: &[Cell],
+    n: usize,
+    workloads: usize,
+    knobs: &[Cell],
+    all: &[Cell],
+) {
+    assert_eq!(s.len(), n);
+    for w in 0..workloads.min(n) {
+        assert!(s.iter().any(|c| c.workload == w), "workload {w}");
+    }
+    for k in knobs {
+        assert!(
+            s.iter().any(|c| c.cold_start_s == k.cold_start_s
+                && c.slots == k.slots
+                && c.target_ms == k.target_ms),
+            "{} {} {}",
+            k.cold_start_s,
+            k.slots,
+            k.target_ms
+        );
+    }
+    assert!(s.iter().all(|c| all.contains(c)));
 }
 
 /// The grid's workloads. Without the Azure traces (no `trace_dir`), only the synthetic ones.
@@ -514,23 +550,11 @@ mod tests {
     fn the_sample_spans_every_workload_and_knob() {
         let all = cells(37);
         assert_eq!(all.len(), 37 * 18);
-        let s = sample(37, 64);
-        assert_eq!(s.len(), 64);
-        for w in 0..37 {
-            assert!(s.iter().any(|c| c.workload == w), "workload {w}");
-        }
-        for &cold in &COLD_STARTS_S {
-            for &slots in &SLOTS {
-                for &t in &TARGETS_MS {
-                    assert!(
-                        s.iter().any(|c| c.cold_start_s == cold
-                            && c.slots == slots
-                            && c.target_ms == t),
-                        "{cold} {slots} {t}"
-                    );
-                }
-            }
-        }
-        assert!(s.iter().all(|c| all.contains(c)));
+        let knobs = cells(1);
+        assert_eq!(
+            knobs.len(),
+            COLD_STARTS_S.len() * SLOTS.len() * TARGETS_MS.len()
+        );
+        assert_sample_spans(&sample(37, 64), 64, 37, &knobs, &all);
     }
 }

@@ -33,13 +33,7 @@ pub fn cells(workloads: usize) -> Vec<Cell> {
 /// `n` cells spanning every workload and knob setting, as `grid::sample` does (5 and 12 are
 /// coprime, so each run of 12 covers every setting).
 pub fn sample(workloads: usize, n: usize) -> Vec<Cell> {
-    let knobs = cells(1);
-    (0..n)
-        .map(|i| Cell {
-            workload: i % workloads,
-            ..knobs[(5 * i) % knobs.len()]
-        })
-        .collect()
+    grid::sample_of(&cells(1), workloads, n)
 }
 
 /// The grid's configuration with vLLM's sleep mode (level 1).
@@ -370,16 +364,7 @@ mod tests {
     fn the_sleep_cells_are_the_grid_at_the_long_cold_starts() {
         let all = cells(37);
         assert_eq!(all.len(), 37 * 12);
-        let s = sample(37, 24);
-        for w in 0..24 {
-            assert!(s.iter().any(|c| c.workload == w), "workload {w}");
-        }
-        assert!(s.iter().all(|c| all.contains(c)));
-        for k in cells(1) {
-            assert!(s.iter().any(|c| c.cold_start_s == k.cold_start_s
-                && c.slots == k.slots
-                && c.target_ms == k.target_ms));
-        }
+        grid::assert_sample_spans(&sample(37, 24), 24, 37, &cells(1), &all);
     }
 
     /// A cell on a bursty synthetic workload: the sleeping tier is used, the oracle asleep is
