@@ -152,7 +152,8 @@ impl Node {
         let tier_min = m.min();
         let pool_all = self.desired_warm(name);
         let pool = self.awake_pool(name, pool_all);
-        let fill = self.awake_pool(name, self.pool_to_fill(name));
+        let fill_all = self.pool_to_fill(name);
+        let fill = self.awake_pool(name, fill_all);
         let recheck = m.config.launch.warmup.recheck;
 
         // Departing replicas (on a device being left, or of a version being rolled away from)
@@ -324,10 +325,12 @@ impl Node {
         let awake_keep = desired.saturating_sub(c.routed) + pool;
         let mut keep = awake_keep;
         if sleepy {
-            // `min` counts replicas awake or asleep: cold starts fill the tier up to it (they
+            // `min` counts replicas awake or asleep, and the pool the policy sizes is held
+            // asleep where wakes stand in for it: cold starts fill the tier up to both (they
             // warm, then sleep), and replicas on their way that fill it are not surplus.
             let all = c.routed + coming + c.sleeping;
-            need = need.max(coming + tier_min.saturating_sub(all));
+            let tier = tier_min.max(desired + fill_all).min(max);
+            need = need.max(coming + tier.saturating_sub(all));
             keep = keep.max(hold.saturating_sub(c.routed + c.sleeping));
         }
         if coming < need {

@@ -150,6 +150,43 @@ fn a_scale_up_wakes_sleeping_replicas_before_any_cold_start() {
     assert_eq!(spawns(&h.log), 3, "only the first three ever started");
 }
 
+/// The warm pool of a model with a sleeping tier is held asleep from boot, and a wake that
+/// takes one of it for the routed set is refilled by a cold start that then sleeps: without
+/// them, the pool existed only once a scale down had fed it, and a rise before that waited
+/// for cold starts that a model without the tier would not (its pool is built at boot).
+#[test]
+fn the_warm_pool_is_held_asleep_from_boot_and_refilled_after_a_wake() {
+    let mut h = Harness::new(&config(1, 6, "").replace("warm_pool = 0", "warm_pool = 2"));
+    let first = h.log.clone();
+    assert_eq!(spawns(&first), 3, "min 1 routed and a pool of 2");
+    h.settle(first);
+    assert_eq!(h.in_state("m", ReplicaState::Routed).len(), 1);
+    let falling = h.in_state("m", ReplicaState::FallingAsleep);
+    assert_eq!(falling.len(), 2, "the pool sleeps: wakes stand in for it");
+    for id in &falling {
+        fall_asleep(&mut h, id);
+    }
+    let v = status_of(&h);
+    assert_eq!((v.routed, v.warm, v.sleeping), (1, 0, 2));
+
+    h.node.models.get_mut("m").unwrap().desired_routed = 2;
+    let out = h.send(Event::Tick);
+    assert_eq!(probes(&out, ProbeKind::Wake).len(), 1, "{out:?}");
+    assert_eq!(spawns(&out), 1, "the pool refilled behind the wake");
+    let woken = h.in_state("m", ReplicaState::Waking);
+    let refill = h.in_state("m", ReplicaState::Starting);
+    assert_eq!((woken.len(), refill.len()), (1, 1), "{out:?}");
+    answer(&mut h, &woken[0], ProbeKind::Wake, ok());
+    answer(&mut h, &woken[0], ProbeKind::Warmup, ok());
+    h.settle(out);
+    let falling = h.in_state("m", ReplicaState::FallingAsleep);
+    assert_eq!(falling, refill, "the refill warms, then sleeps");
+    fall_asleep(&mut h, &refill[0]);
+    let v = status_of(&h);
+    assert_eq!((v.routed, v.warm, v.sleeping, v.starting), (2, 0, 2, 0));
+    assert_eq!(spawns(&h.log), 4);
+}
+
 #[test]
 fn a_replica_that_leaves_the_routed_set_drains_then_sleeps() {
     let (mut h, _, asleep) = one_routed_two_asleep();
