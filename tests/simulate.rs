@@ -152,6 +152,53 @@ fn usage_errors_exit_2_and_config_errors_exit_1() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// `--host-memory` bounds the sleepers of hearth and the oracle (examples/simulate-sleep.toml's
+/// hold 17 GiB each: one at most), and the JSON says at most how much they held; a budget of 0
+/// or a size that is none is refused before anything runs.
+#[test]
+fn host_memory_bounds_the_sleepers_and_the_json_says_their_peak() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--scenario",
+            "burst",
+            "--seed",
+            "4",
+            "--duration",
+            "1h",
+            "--policy",
+            "hearth,oracle",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = simulate("examples/simulate-sleep.toml", "llm", &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["peak_host_memory_gib"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let (bounded, free) = (run(&["--host-memory", "17GiB"]), run(&[]));
+    assert!(bounded.iter().all(|&g| g > 0.0 && g <= 17.0), "{bounded:?}");
+    assert!(free.iter().all(|&g| g > 17.0), "{free:?}");
+    for bad in ["0", "lots", "40XiB"] {
+        let out = simulate(
+            "examples/simulate-sleep.toml",
+            "llm",
+            &["--scenario", "step", "--host-memory", bad],
+        );
+        assert_eq!(out.status.code(), Some(2), "--host-memory {bad}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("--host-memory"), "{said}");
+    }
+}
+
 #[test]
 fn a_plain_trace_replays() {
     let (dir, cfg) = config_file();

@@ -324,6 +324,27 @@ impl Cluster {
             .sum()
     }
 
+    /// The most replicas asleep at one instant within `[from, to)`.
+    pub fn peak_asleep(&self, from: Us, to: Us) -> u32 {
+        // (instant, +1 asleep from it / -1 awake from it); at one instant wakes come first, as
+        // the intervals are half-open.
+        let mut edges: Vec<(Us, i32)> = self
+            .replicas
+            .iter()
+            .flat_map(|x| x.asleep.iter())
+            .map(|&(a, b)| (a.max(from), b.unwrap_or(to).min(to)))
+            .filter(|(a, b)| a < b)
+            .flat_map(|(a, b)| [(a, 1), (b, -1)])
+            .collect();
+        edges.sort_unstable();
+        let (mut now, mut peak) = (0i32, 0i32);
+        for (_, d) in edges {
+            now += d;
+            peak = peak.max(now);
+        }
+        peak as u32
+    }
+
     /// The process is gone: whatever it still had (waiting or running) is killed. Returns how
     /// many requests were killed.
     pub fn exit(&mut self, r: u32, now: Us) -> u64 {

@@ -48,6 +48,10 @@ pub struct Params {
     /// What a sleeping replica costs, where the model has `[model.sleep]`: the oracle may then
     /// keep replicas asleep between uses, as hearth may.
     pub asleep: Option<Asleep>,
+    /// The most replicas the oracle keeps asleep at once: `[daemon] host_memory` (or
+    /// `--host-memory`) ÷ the model's `[model.sleep] host_memory`, as hearth's core bounds its
+    /// own. None: not bounded (no budget, or sleepers that hold no host memory).
+    pub max_asleep: Option<u32>,
 }
 
 /// A sleeping replica's bill: `gpu_memory_asleep` ÷ `gpu_memory` of a replica-second, and the

@@ -51,13 +51,14 @@ pub fn config(target_ms: u64) -> Config {
 }
 
 /// One policy with the sleeping tier: its figures, the replica-seconds it slept, the host memory
-/// its sleepers held.
+/// its sleepers held (GiB·s, and at most at once).
 #[derive(Debug, Clone, Serialize)]
 pub struct Asleep {
     #[serde(flatten)]
     pub figures: Figures,
     pub sleeping_seconds: f64,
     pub host_memory_gib_seconds: f64,
+    pub peak_host_memory_gib: f64,
 }
 
 /// One wake time's runs in a cell.
@@ -123,6 +124,7 @@ fn asleep(s: &Setup, w: &super::workload::Workload, p: Policy) -> Asleep {
         figures: Figures::from(&r),
         sleeping_seconds: r.sleeping_seconds,
         host_memory_gib_seconds: r.host_memory_gib_seconds,
+        peak_host_memory_gib: r.peak_host_memory_gib,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use crate::config::{ModelConfig, WarmPool};
 
+use super::engine::Asleep;
 use super::workload::{self, Workload};
 use super::{report, Setup};
 
@@ -61,6 +62,33 @@ pub fn nothing_measured(w: &Workload, setup: &Setup) -> Option<String> {
     })
 }
 
+/// The sleeping tier's parameters and the host-memory budget that bounds its sleepers.
+fn sleep_note(setup: &Setup, a: Asleep) -> String {
+    let p = &setup.params;
+    let budget = match (setup.config.daemon.host_memory, p.max_asleep) {
+        (Some(b), Some(n)) => format!(
+            "host memory budget {} (--host-memory, else [daemon] host_memory): at most {n} \
+             asleep at once",
+            crate::units::short_bytes(b)
+        ),
+        (Some(b), None) => format!(
+            "host memory budget {} (sleepers hold none of it: not bounded)",
+            crate::units::short_bytes(b)
+        ),
+        (None, _) => "no host memory budget (--host-memory, [daemon] host_memory): sleepers \
+                      not bounded"
+            .to_string(),
+    };
+    format!(
+        "sleeping tier: wake {}, fall asleep {}, a sleeper charged {:.1} % of a replica and \
+         holding {} of host memory; {budget}",
+        workload::fmt_secs(p.wake),
+        workload::fmt_secs(p.fall_asleep),
+        a.charge * 100.0,
+        crate::units::short_bytes(a.host_memory)
+    )
+}
+
 /// The lines that say what was simulated (text output, plot footer).
 pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> {
     let p = &setup.params;
@@ -90,6 +118,9 @@ pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> 
         ),
         setup.target_notes(),
     ];
+    if let Some(a) = p.asleep {
+        v.push(sleep_note(setup, a));
+    }
     if let Some(a) = &w.attribution {
         v.push(format!("trace: {a}"));
     }

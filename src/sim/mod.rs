@@ -147,6 +147,23 @@ fn parse_positive(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--host-memory`: a size as the configuration writes one, more than 0 (the file refuses 0 too).
+fn parse_host_memory(s: &str) -> Result<u64, String> {
+    match crate::units::parse_size(s) {
+        Ok(0) => Err(format!("{s:?}: the budget must be more than 0 bytes")),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// How many replicas may sleep at once under a host-memory budget: as many whole sleepers as
+/// it holds. None: not bounded (no budget, no sleeping tier, or sleepers that hold nothing).
+pub fn max_asleep(budget: Option<u64>, asleep: Option<engine::Asleep>) -> Option<u32> {
+    let each = asleep?.host_memory;
+    let budget = budget?;
+    (each > 0).then(|| u32::try_from(budget / each).unwrap_or(u32::MAX))
+}
+
 /// `hearth simulate` options.
 #[derive(Args, Debug, Clone)]
 #[command(
@@ -207,6 +224,12 @@ pub struct SimArgs {
     /// The time a replica takes to fall asleep
     #[arg(long = "sleep-time", default_value = "5s", value_parser = parse_dur)]
     pub sleep_time: Duration,
+    /// What sleeping replicas may hold in host RAM, all together (e.g. 64GiB): overrides the
+    /// file's `[daemon] host_memory` for hearth, and keeps at most ⌊SIZE ÷ [model.sleep]
+    /// host_memory⌋ of the oracle's replicas asleep at once. Without it the file's `[daemon]
+    /// host_memory` bounds both where set; otherwise neither is bounded
+    #[arg(long = "host-memory", value_parser = parse_host_memory, conflicts_with = "grid")]
+    pub host_memory: Option<u64>,
     /// Initial transient left out of the figures
     #[arg(long, default_value = "5m", value_parser = parse_dur)]
     pub warmup: Duration,
@@ -289,6 +312,7 @@ impl Setup {
             return Err(SimError::NoConcurrency);
         }
         let s = &m.scaling;
+        let asleep = hearth::asleep(m);
         let params = Params {
             concurrency,
             cold_start: us(cold_start),
@@ -300,7 +324,8 @@ impl Setup {
             decisions: false,
             wake: 0,
             fall_asleep: 0,
-            asleep: hearth::asleep(m),
+            asleep,
+            max_asleep: max_asleep(config.daemon.host_memory, asleep),
         };
         let targets = Targets {
             concurrency,
@@ -460,13 +485,17 @@ pub fn main(a: SimArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     // The simulator runs no command and binds no port: it reads the file's values only.
-    let config = match crate::config::load_with(&config_path, crate::config::Checks::Values) {
+    let mut config = match crate::config::load_with(&config_path, crate::config::Checks::Values) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hearth simulate: {e}");
             return ExitCode::from(1);
         }
     };
+    if let Some(b) = a.host_memory {
+        // The simulated hearth's core reads its budget from here, and `Setup` the oracle's.
+        config.daemon.host_memory = Some(b);
+    }
     let w = match load_workload(&a) {
         Ok(w) => w,
         Err(e) => return usage(e.to_string()),
@@ -543,6 +572,13 @@ pub fn main(a: SimArgs) -> ExitCode {
         if let Some(line) = report::oracle_line(&report) {
             println!("\n{line}.");
         }
+        let sleep = report::sleep_lines(&report);
+        if !sleep.is_empty() {
+            println!();
+            for line in sleep {
+                println!("- {line}.");
+            }
+        }
     } else {
         for n in &notes {
             println!("{n}");
@@ -555,6 +591,13 @@ pub fn main(a: SimArgs) -> ExitCode {
         print!("{}", report::table(&report));
         if let Some(line) = report::oracle_line(&report) {
             println!("\n{line}");
+        }
+        let sleep = report::sleep_lines(&report);
+        if !sleep.is_empty() {
+            println!();
+            for line in sleep {
+                println!("{line}");
+            }
         }
         println!(
             "\n(simulated {} policies in {:.2} s)",

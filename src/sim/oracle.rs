@@ -29,7 +29,10 @@
 //!    routed again in the new one's place: a restart would bill that long before serving. Where
 //!    the model has `[model.sleep]`, longer gaps too, asleep, while the sleep costs less than
 //!    the restart ([`keep`]); the replay puts it to sleep and wakes it one wake time before it
-//!    is routed again.
+//!    is routed again. Under a host-memory budget (`Params::max_asleep`) a replica may sleep
+//!    only if fewer than that many of those kept may when it exits; the others are kept only as
+//!    long as a restart, awake, so the replay never has more asleep at once than the budget
+//!    holds.
 //! 4. **Replay, and keep the best plan.** Each schedule is replayed through the same engine as
 //!    every policy (`OracleDriver`); the figures reported are what the replay measured, not what
 //!    the planner predicted (the two agree exactly: `sim::tests` checks it). One plan is made
@@ -103,9 +106,11 @@ pub(super) enum Plan {
     Unroute {
         id: u32,
     },
-    /// Drained: it exits.
+    /// Drained: it exits. `may_sleep`: it may be kept asleep until it is routed again (the
+    /// host-memory budget had room for it); otherwise it is kept only awake-long.
     Exit {
         id: u32,
+        may_sleep: bool,
     },
 }
 
@@ -137,10 +142,20 @@ struct State {
     /// Requests that waited longer than the target so far.
     misses: u64,
     next_id: u32,
-    /// Replicas that exited recently enough to stand in for a new one: (exit, unrouted, id).
-    exited: VecDeque<(Us, Us, u32)>,
+    /// Replicas that exited recently enough to stand in for a new one, in exit order.
+    exited: VecDeque<Kept>,
     /// Changes since the caller last took them (only the committed state keeps them).
     log: Option<Vec<(Us, Plan)>>,
+}
+
+/// A replica that exited and may stand in for a new one.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    exit: Us,
+    unrouted: Us,
+    id: u32,
+    /// Counted against `max_asleep`: it may sleep, so it is kept for `keep`, not `keep_awake`.
+    may_sleep: bool,
 }
 
 struct Model<'a> {
@@ -150,6 +165,20 @@ struct Model<'a> {
     promotion: Us,
     /// A replica idle no longer than this is kept rather than restarted: `keep`.
     keep: Us,
+    /// As long, where it may not sleep: a cold start and the promotion delay.
+    keep_awake: Us,
+    /// The most kept replicas that may sleep at once (`Params::max_asleep`).
+    max_asleep: Option<u32>,
+}
+
+impl Model<'_> {
+    fn keeps(&self, e: &Kept) -> Us {
+        if e.may_sleep {
+            self.keep
+        } else {
+            self.keep_awake
+        }
+    }
 }
 
 impl State {
@@ -178,11 +207,45 @@ impl State {
         }
     }
 
-    /// A replica has no work left and is not routed: it exits (and may stand in later).
-    fn exit(&mut self, i: usize) {
+    /// A replica has no work left and is not routed: it exits (and may stand in later). It may
+    /// sleep while fewer than `max_asleep` of those kept may: the replay sleeps only those, so
+    /// its sleepers at any instant are among them.
+    fn exit(&mut self, m: &Model, i: usize) {
         let x = self.reps.remove(i);
-        self.exited.push_back((self.now, x.unrouted_at, x.id));
-        self.note(Plan::Exit { id: x.id });
+        let may_sleep = match m.max_asleep {
+            None => true,
+            Some(n) => {
+                self.expire(m);
+                self.exited.iter().filter(|e| e.may_sleep).count() < n as usize
+            }
+        };
+        self.exited.push_back(Kept {
+            exit: self.now,
+            unrouted: x.unrouted_at,
+            id: x.id,
+            may_sleep,
+        });
+        self.note(Plan::Exit {
+            id: x.id,
+            may_sleep,
+        });
+    }
+
+    /// Forgets the kept replicas idle for longer than they may be kept.
+    fn expire(&mut self, m: &Model) {
+        let now = self.now;
+        if m.max_asleep.is_none() {
+            // One lifetime, and the entries are in exit order.
+            while self
+                .exited
+                .front()
+                .is_some_and(|e| e.exit + m.keeps(e) < now)
+            {
+                self.exited.pop_front();
+            }
+        } else {
+            self.exited.retain(|e| e.exit + m.keeps(e) >= now);
+        }
     }
 
     fn note(&mut self, p: Plan) {
@@ -247,9 +310,7 @@ impl State {
     /// added; removed ones are the least busy (the newest among equals) and drain what they
     /// hold.
     fn set_routable(&mut self, m: &Model, n: u32) {
-        while self.exited.front().is_some_and(|e| e.0 + m.keep < self.now) {
-            self.exited.pop_front();
-        }
+        self.expire(m);
         while self.routable < n {
             let back = self
                 .reps
@@ -269,10 +330,10 @@ impl State {
                     let stand_in = self
                         .exited
                         .iter()
-                        .rposition(|e| e.1 + m.promotion <= now)
+                        .rposition(|e| e.unrouted + m.promotion <= now)
                         .and_then(|i| self.exited.remove(i));
                     match stand_in {
-                        Some((_, _, id)) => {
+                        Some(Kept { id, .. }) => {
                             // Kept all along: back in its place among the replicas.
                             let at = self.reps.partition_point(|x| x.id < id);
                             self.reps.insert(at, Rep::new(id));
@@ -303,7 +364,7 @@ impl State {
             self.reps[i].routable = false;
             self.reps[i].unrouted_at = self.now;
             if load == 0 {
-                self.exit(i);
+                self.exit(m, i);
             }
         }
         if self.routable > 0 {
@@ -329,7 +390,7 @@ impl State {
         let x = &mut self.reps[r];
         x.next_end = x.running.iter().copied().min().unwrap_or(Us::MAX);
         if !x.routable && x.in_flight() == 0 {
-            self.exit(r);
+            self.exit(m, r);
         }
     }
 
@@ -421,6 +482,8 @@ pub(super) fn plan(w: &Workload, p: &Params, hold: Us) -> (Vec<(Us, Plan)>, u64)
         target: p.target_wait,
         promotion: p.promotion,
         keep: keep(p),
+        keep_awake: p.cold_start + p.promotion,
+        max_asleep: p.max_asleep,
     };
     let (min, max) = (p.min.min(p.max), p.max);
     // New replicas exist only once one spawned at 0 could serve.

@@ -16,8 +16,11 @@ enum Act {
     Spawn {
         id: u32,
     },
+    /// `may_sleep`: the plan let it sleep through the gap before this route (the exit before
+    /// it counted against the host-memory budget).
     Route {
         id: u32,
+        may_sleep: bool,
     },
     Unroute {
         id: u32,
@@ -42,8 +45,9 @@ pub struct OracleDriver {
     id_of: BTreeMap<u32, u32>,
     /// How many routes each planner id still has ahead: it is kept until then.
     routes_ahead: BTreeMap<u32, u32>,
-    /// When each planner id's routes ahead take place, soonest first.
-    route_times: BTreeMap<u32, VecDeque<Us>>,
+    /// When each planner id's routes ahead take place, soonest first, and whether it may sleep
+    /// before each.
+    route_times: BTreeMap<u32, VecDeque<(Us, bool)>>,
     /// Simulated replicas whose sleep through a gap is under way (asleep or about to be).
     sleeping: BTreeSet<u32>,
     /// What a sleeping replica costs, `fall_asleep` and `wake` of the run (where the model has
@@ -71,6 +75,11 @@ impl OracleDriver {
     fn from_plan(log: &[(Us, Plan)], p: &Params) -> OracleDriver {
         let mut actions = Vec::new();
         let mut routes_ahead: BTreeMap<u32, u32> = BTreeMap::new();
+        // The mark of each planner id's last exit, until the route that ends its gap takes it.
+        // A route that follows no exit may sleep only where nothing bounds the sleepers: the
+        // replay then sleeps wherever it did before the budget existed.
+        let mut exit_mark: BTreeMap<u32, bool> = BTreeMap::new();
+        let unbounded = p.max_asleep.is_none();
         for &(at, plan) in log {
             match plan {
                 Plan::New { id } => {
@@ -78,24 +87,29 @@ impl OracleDriver {
                     let spawn = at.saturating_sub(p.promotion + p.cold_start);
                     let route = at.saturating_sub(p.promotion).max(spawn + p.cold_start);
                     actions.push((spawn, Act::Spawn { id }));
-                    actions.push((route, Act::Route { id }));
+                    let may_sleep = exit_mark.remove(&id).unwrap_or(unbounded);
+                    actions.push((route, Act::Route { id, may_sleep }));
                     *routes_ahead.entry(id).or_default() += 1;
                 }
                 Plan::Reroute { id } => {
-                    actions.push((at.saturating_sub(p.promotion), Act::Route { id }));
+                    let may_sleep = exit_mark.remove(&id).unwrap_or(unbounded);
+                    let route = at.saturating_sub(p.promotion);
+                    actions.push((route, Act::Route { id, may_sleep }));
                     *routes_ahead.entry(id).or_default() += 1;
                 }
                 Plan::Unroute { id } => actions.push((at, Act::Unroute { id })),
                 // The replay stops a replica when it has drained, unless it is routed again.
-                Plan::Exit { .. } => {}
+                Plan::Exit { id, may_sleep } => {
+                    exit_mark.insert(id, may_sleep);
+                }
             }
         }
         // Stable: at one instant, spawns, routes and unroutes keep the plan's order.
         actions.sort_by_key(|a| a.0);
-        let mut route_times: BTreeMap<u32, VecDeque<Us>> = BTreeMap::new();
+        let mut route_times: BTreeMap<u32, VecDeque<(Us, bool)>> = BTreeMap::new();
         for &(t, a) in &actions {
-            if let Act::Route { id } = a {
-                route_times.entry(id).or_default().push_back(t);
+            if let Act::Route { id, may_sleep } = a {
+                route_times.entry(id).or_default().push_back((t, may_sleep));
             }
         }
         OracleDriver {
@@ -123,7 +137,8 @@ impl OracleDriver {
     }
 
     /// Stops `r` if it has no work and is not to be routed again; one that is, with a gap
-    /// longer than a sleep and a wake before then, sleeps through it (where the model sleeps).
+    /// longer than a sleep and a wake before then, sleeps through it (where the model sleeps
+    /// and the plan's budget let it).
     fn maybe_exit(&mut self, sim: &mut Sim, r: u32) {
         let id = self.id_of[&r];
         let x = &sim.cl.replicas[r as usize];
@@ -138,6 +153,7 @@ impl OracleDriver {
             return;
         };
         let next = self.route_times.get(&id).and_then(|t| t.front()).copied();
+        let next = next.filter(|&(_, may_sleep)| may_sleep).map(|(t, _)| t);
         if let Some(next) = next.filter(|t| *t > sim.now + fall + wake) {
             if self.sleeping.insert(r) {
                 self.at(sim, sim.now + fall, Act::Asleep { r });
@@ -187,7 +203,7 @@ impl Driver for OracleDriver {
             Act::Spawn { id } => {
                 self.spawn(sim, id, false);
             }
-            Act::Route { id } => {
+            Act::Route { id, .. } => {
                 let Some(&r) = self.replica.get(&id) else {
                     return;
                 };

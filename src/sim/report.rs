@@ -28,6 +28,11 @@ pub struct PolicyReport {
     pub sleeping_seconds: f64,
     #[serde(skip_serializing_if = "is_zero")]
     pub host_memory_gib_seconds: f64,
+    /// The most host memory its sleepers held at one instant (GiB): the most replicas asleep at
+    /// once × the model's `[model.sleep] host_memory`, what a host-memory budget bounds. Absent
+    /// without a sleep tier, like the two above.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peak_host_memory_gib: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -110,7 +115,9 @@ pub fn policy_report(
     let asleep_s = asleep_us as f64 / SEC as f64;
     let replica_seconds =
         replica_us as f64 / SEC as f64 - asleep_s * (1.0 - o.cl.asleep_charge.clamp(0.0, 1.0));
-    let host_gib_s = asleep_s * o.cl.asleep_host_memory as f64 / (1u64 << 30) as f64;
+    let gib = o.cl.asleep_host_memory as f64 / (1u64 << 30) as f64;
+    let host_gib_s = asleep_s * gib;
+    let peak_gib = f64::from(o.cl.peak_asleep(from, to)) * gib;
     let ms = |us: Us| round(us as f64 / 1000.0, 1);
     PolicyReport {
         policy: name.to_string(),
@@ -134,6 +141,7 @@ pub fn policy_report(
         killed,
         sleeping_seconds: round(asleep_s, 1),
         host_memory_gib_seconds: round(host_gib_s, 1),
+        peak_host_memory_gib: round(peak_gib, 1),
     }
 }
 
@@ -151,6 +159,22 @@ pub fn oracle_line(r: &Report) -> Option<String> {
         "hearth's replica-seconds are {ratio:.2}× the oracle's (clairvoyant: knows every \
          arrival; fewest misses within max, then fewest replica-seconds)"
     ))
+}
+
+/// Under the table, where a policy slept: what its sleepers held in host memory, all run long and
+/// at their peak (the table's columns stay those of every run).
+pub fn sleep_lines(r: &Report) -> Vec<String> {
+    r.policies
+        .iter()
+        .filter(|p| p.sleeping_seconds > 0.0)
+        .map(|p| {
+            format!(
+                "{} slept {:.0} replica-s; its sleepers held {:.0} GiB·s of host memory, at most \
+                 {:.1} GiB at once",
+                p.policy, p.sleeping_seconds, p.host_memory_gib_seconds, p.peak_host_memory_gib
+            )
+        })
+        .collect()
 }
 
 fn fmt_ms(ms: f64) -> String {

@@ -131,6 +131,7 @@ fn params(warmup: Us) -> Params {
         decisions: false,
         wake: 0,
         fall_asleep: 0,
+        max_asleep: None,
         asleep: None,
     }
 }
@@ -380,4 +381,115 @@ fn the_oracle_sleeps_through_the_gaps_where_the_model_sleeps() {
             plain.replica_seconds, sleeping.replica_seconds, sleeping.sleeping_seconds, hearth.replica_seconds
         );
     }
+}
+
+/// `sleep_config` with a host-memory budget of `budget` bytes (None: none), as `--host-memory`
+/// sets it; the wake and sleep times of the sleep-tier tests.
+fn sleep_setup(w: &Workload, budget: Option<u64>) -> Setup {
+    let mut cfg = sleep_config();
+    cfg.daemon.host_memory = budget;
+    let mut s = setup(cfg, w, Duration::from_secs(300));
+    s.params.wake = SEC;
+    s.params.fall_asleep = 5 * SEC;
+    s
+}
+
+/// A budget of one sleeper's host memory: hearth's core and the oracle each keep at most one
+/// replica asleep at any instant (the oracle's replay over the whole run, every plan), where
+/// without it both keep more; the oracle still replays its plan exactly, kills nothing, and
+/// hearth under the same budget does not beat it.
+#[test]
+fn a_host_memory_budget_bounds_how_many_sleep() {
+    const GIB17: u64 = 17 << 30;
+    for (name, seed) in [("burst", 1), ("burst", 4)] {
+        let mut w = workload::synthetic_workload(name, seed, &SM, 1.0, 1.0).unwrap();
+        w.truncate(3600 * SEC);
+        let (free, bounded) = (
+            sleep_setup(&w, None),
+            sleep_setup(&w, Some(GIB17 + (1 << 30))),
+        );
+        assert_eq!(
+            (free.params.max_asleep, bounded.params.max_asleep),
+            (None, Some(1))
+        );
+        assert_replay_is_plan(&w, &bounded.params, name);
+        for hold in super::oracle::HOLDS {
+            let mut d = super::oracle::OracleDriver::new(&w, &bounded.params, hold);
+            let out = engine::run(&mut d, &w, bounded.params);
+            assert!(out.cl.peak_asleep(0, Us::MAX) <= 1, "{name}: hold {hold}");
+        }
+        let run = |s: &Setup, p: Policy| run_policy(s, &w, p).report;
+        for p in [Policy::Hearth, Policy::Oracle] {
+            let (f, b) = (run(&free, p), run(&bounded, p));
+            assert!(
+                b.peak_host_memory_gib <= 17.0 && b.sleeping_seconds > 0.0,
+                "{name} {}: {b:?}",
+                p.name()
+            );
+            assert!(
+                f.peak_host_memory_gib > 17.0,
+                "{name} {}: unbounded {f:?}",
+                p.name()
+            );
+            eprintln!(
+                "{name} seed {seed} {}: peak {} GiB → {} GiB, {:.0} → {:.0} replica-s",
+                p.name(),
+                f.peak_host_memory_gib,
+                b.peak_host_memory_gib,
+                f.replica_seconds,
+                b.replica_seconds
+            );
+        }
+        let (hearth, oracle) = (run(&bounded, Policy::Hearth), run(&bounded, Policy::Oracle));
+        assert_eq!(oracle.killed, 0, "{name}");
+        assert!(
+            !(hearth.over_target <= oracle.over_target
+                && hearth.replica_seconds < oracle.replica_seconds),
+            "{name}: hearth ({:.3} %, {:.0}) beats the oracle ({:.3} %, {:.0}) under one sleeper",
+            hearth.over_target * 100.0,
+            hearth.replica_seconds,
+            oracle.over_target * 100.0,
+            oracle.replica_seconds
+        );
+    }
+}
+
+/// A budget smaller than one sleeper's host memory: nobody sleeps, hearth nor the oracle.
+#[test]
+fn a_budget_below_one_sleeper_keeps_everyone_awake() {
+    let mut w = workload::synthetic_workload("burst", 4, &SM, 1.0, 1.0).unwrap();
+    w.truncate(3600 * SEC);
+    let s = sleep_setup(&w, Some(1 << 30));
+    assert_eq!(s.params.max_asleep, Some(0));
+    assert_replay_is_plan(&w, &s.params, "burst");
+    for p in [Policy::Hearth, Policy::Oracle] {
+        let out = run_policy(&s, &w, p);
+        let r = &out.report;
+        assert_eq!(
+            (r.sleeping_seconds, r.peak_host_memory_gib),
+            (0.0, 0.0),
+            "{}: {r:?}",
+            p.name()
+        );
+        let json = serde_json::to_value(r).unwrap();
+        assert!(json.get("peak_host_memory_gib").is_none(), "{json}");
+    }
+}
+
+#[test]
+fn max_asleep_is_the_whole_sleepers_the_budget_holds() {
+    let a = |host_memory| {
+        Some(engine::Asleep {
+            charge: 0.1,
+            host_memory,
+        })
+    };
+    assert_eq!(max_asleep(Some(34 << 30), a(17 << 30)), Some(2));
+    assert_eq!(max_asleep(Some((34 << 30) - 1), a(17 << 30)), Some(1));
+    assert_eq!(max_asleep(Some(1 << 30), a(17 << 30)), Some(0));
+    assert_eq!(max_asleep(None, a(17 << 30)), None);
+    assert_eq!(max_asleep(Some(1 << 30), None), None);
+    assert_eq!(max_asleep(Some(1 << 30), a(0)), None);
+    assert!(parse_host_memory("0").is_err() && parse_host_memory("lots").is_err());
+    assert_eq!(parse_host_memory("64GiB"), Ok(64 << 30));
 }
