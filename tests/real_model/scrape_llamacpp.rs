@@ -1,7 +1,8 @@
 //! End to end with llama.cpp's real server: hearth scrapes `llamacpp:requests_deferred` from the
 //! routed replica, sees the queue that a burst of long completions builds behind its single slot,
-//! and promotes the warm replica within 2 s; every request succeeds, and the promotion refills
-//! the pool.
+//! and promotes the warm replica; every request succeeds, and the promotion refills the pool.
+//! How long the promotion took is printed, not asserted: a loaded machine makes it whatever it
+//! is, and a latency belongs in a benchmark (the 10 s wait only bounds the test).
 //!
 //! The burst is closed-loop (testkit's `Burst`) and stops once the promotion is seen, so the
 //! queue lasts as long as hearth needs to see it, however fast this machine is at the moment.
@@ -78,11 +79,6 @@ fn deferred_requests_scraped_from_llama_cpp_promote_the_warm_replica() {
         took.as_millis(),
         scale_reason,
         d.model(MODEL)["signal"]
-    );
-    assert!(
-        took <= Duration::from_secs(2),
-        "promotion took {took:?} (more than 2 s)\nlog:\n{}",
-        d.log_tail(60)
     );
     let reason = scale_reason.expect("a scale event names the reason");
     assert!(reason.contains("wait"), "{reason}");
