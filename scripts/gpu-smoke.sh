@@ -10,7 +10,15 @@
 #   3. two toy replicas packed on one GPU start (one at a time), and after the daemon stops
 #      nothing of theirs is left: no process, nothing on the GPU;
 #   4. with --xid, where nvcc is installed: a kernel that faults (an application XID, 13 or 31)
-#      is seen by hearth and leaves the device in service.
+#      is seen by hearth and leaves the device in service;
+#   5. sleep and wake on the device, where PyTorch or CuPy is installed: a model with
+#      [model.sleep] (vLLM's endpoints, level 1) boots with one replica routed and its pool of
+#      one asleep; a scale up wakes it (no cold start) and a scale down puts one back to sleep.
+#      It reports the wake time (hearth's `status`) and the device memory each sleep freed, as
+#      NVML sees it (nvidia-smi), and fails if a sleep frees less than 80 % of what the replica
+#      holds. The replicas are vLLM itself where it is installed and HEARTH_SMOKE_VLLM_MODEL
+#      names a local model (then allow 7 minutes), else scripts/gpu-sleep-standin.py, which
+#      frees and restores a real allocation of 4 GiB through PyTorch or CuPy.
 #
 # Usage: scripts/gpu-smoke.sh [--xid] [path/to/hearth]   (default: target/release/hearth)
 # Needs: nvidia-smi, python3 (to read JSON).
@@ -25,18 +33,20 @@ hearth=""
 for arg in "$@"; do
   case "$arg" in
     --xid) xid=1 ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) hearth="$arg" ;;
   esac
 done
 here="$(cd "$(dirname "$0")/.." && pwd)"
 hearth="${hearth:-$here/target/release/hearth}"
 deadline=$((SECONDS + 230))
+vllm_model="${HEARTH_SMOKE_VLLM_MODEL:-}"
+if [[ -n "$vllm_model" ]]; then deadline=$((deadline + 180)); fi
 
 say() { printf '%s\n' "gpu-smoke: $*"; }
 fail() { printf '%s\n' "gpu-smoke: FAIL: $*" >&2; exit 1; }
 need() { command -v "$1" > /dev/null 2>&1 || fail "$1 is not installed"; }
-left() { ((SECONDS < deadline)) || fail "out of time (4 minutes)"; }
+left() { ((SECONDS < deadline)) || fail "out of time ($((deadline / 60)) minutes)"; }
 
 no_gpu() { printf '%s\n' "gpu-smoke: no NVIDIA GPU here ($*); nothing checked" >&2; exit 2; }
 
@@ -232,6 +242,141 @@ CU
     [[ "$healthy" == True ]] || fail "$first: an application XID took the device out of service"
     say "xid: $(grep -o 'XID [0-9]*[^"]*' "$tmp/log2" | head -1); the device stays in service"
   fi
+fi
+
+# ---- 5. sleep and wake on the device ----------------------------------------------------------
+# The device memory in use on the first device, in MiB, as NVML (nvidia-smi) reads it.
+smi_used() { nvidia-smi --id="$first" --query-gpu=memory.used --format=csv,noheader,nounits | tr -d ' '; }
+# Waits until the model `sleepy` shows `want` (a Python expression of its status `m`).
+wait_sleepy() {
+  local want="$1" what="$2" got
+  while :; do
+    got="$(cli status --json | jq_py "[m for m in j['models'] if m['name']=='sleepy'][0]")"
+    [[ "$(jq_py "(lambda m: $want)(j)" <<< "$got")" == True ]] && return 0
+    kill -0 "$daemon_pid" 2> /dev/null || { tail -20 "$tmp/log3" >&2; fail "the daemon exited"; }
+    ((SECONDS < deadline)) || { echo "$got" >&2; tail -20 "$tmp/log3" >&2; fail "sleep: $what did not happen in time"; }
+    sleep 0.2
+  done
+}
+standin_gib=4
+if [[ -n "$vllm_model" ]] && python3 -c 'import vllm' 2> /dev/null; then
+  total_mib="$(nvidia-smi --id="$first" --query-gpu=memory.total --format=csv,noheader,nounits | tr -d ' ')"
+  sleep_server="vllm ($vllm_model)"
+  sleep_command="[\"vllm\", \"serve\", \"$vllm_model\", \"--host\", \"127.0.0.1\", \"--port\", \"{port}\", \"--enable-sleep-mode\", \"--gpu-memory-utilization\", \"0.25\", \"--max-model-len\", \"2048\"]"
+  sleep_memory="$((total_mib * 28 / 100))MiB"
+  sleep_host="$sleep_memory"
+  warm_model="$vllm_model"
+  startup="300s"
+  held_mib=$((total_mib * 25 / 100))
+elif python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null || python3 -c 'import cupy' 2> /dev/null; then
+  sleep_server="scripts/gpu-sleep-standin.py ($standin_gib GiB through $(python3 -c 'import torch' 2> /dev/null && echo PyTorch || echo CuPy))"
+  sleep_command="[\"python3\", \"$here/scripts/gpu-sleep-standin.py\", \"--host\", \"127.0.0.1\", \"--port\", \"{port}\", \"--gib\", \"$standin_gib\"]"
+  sleep_memory="$((standin_gib + 2))GiB"
+  sleep_host="$((standin_gib + 1))GiB"
+  warm_model="sleepy"
+  startup="120s"
+  held_mib=$((standin_gib * 1024))
+else
+  sleep_server=""
+fi
+if [[ -z "$sleep_server" ]]; then
+  say "sleep: SKIPPED (neither PyTorch nor CuPy is installed, nor vLLM with HEARTH_SMOKE_VLLM_MODEL)"
+else
+  cat > "$tmp/sleep.toml" << TOML
+[daemon]
+socket = "$sock"
+state_dir = "$tmp/state-sleep"
+ports = "$port0-$((port0 + 20))"
+tick = "200ms"
+
+[gpus]
+backend = "nvml"
+
+[[model]]
+name = "sleepy"
+command = $sleep_command
+env = { VLLM_SERVER_DEV_MODE = "1" }
+user = "$user"
+gpus = 1
+gpu_memory = "$sleep_memory"
+placement = "pack"
+device_naming = "index"
+stop_grace = "10s"
+
+[model.warmup]
+url = "http://127.0.0.1:{port}/v1/completions"
+body = '{"model":"$warm_model","prompt":"Hello","max_tokens":4}'
+headers = { "content-type" = "application/json" }
+expect_status = 200
+expect_body = "choices"
+timeout = "30s"
+startup_timeout = "$startup"
+recheck = "5m"
+
+[model.sleep]
+format = "vllm"
+level = 1
+host_memory = "$sleep_host"
+gpu_memory_asleep = "1GiB"
+wake_timeout = "60s"
+idle_to_sleep = "10s"
+
+[model.scaling]
+min = 1
+max = 2
+warm_pool = 1
+target_wait = "500ms"
+drain_timeout = "30s"
+TOML
+  "$hearth" check-config "$tmp/sleep.toml" > /dev/null || fail "check-config refused the sleep configuration"
+  "$hearth" daemon --config "$tmp/sleep.toml" > "$tmp/stdout" 2> "$tmp/log3" &
+  daemon_pid=$!
+  say "sleep: replicas are $sleep_server"
+  wait_sleepy 'sorted(r["state"] for r in m["replicas"]) == ["routed", "sleeping"]' "boot to one routed and its pool asleep"
+  cli status --json > "$tmp/sleep1.json"
+  pids() { jq_py '" ".join(sorted(str(r["pid"]) for m in j["models"] for r in m["replicas"]))'; }
+  sleep_pids="$(pids < "$tmp/sleep1.json")"
+  read -ra replica_pids <<< "$sleep_pids"
+  one_awake="$(smi_used)"
+  # A queue over target wakes the pool: reported model-wide, as a front door would.
+  t0=$SECONDS
+  until cli status --json | jq_py "[r['state'] for m in j['models'] for r in m['replicas']] == ['routed', 'routed']" | grep -q True; do
+    cli report sleepy --wait-ms 5000 --depth 16 --in-flight 16 > /dev/null
+    ((SECONDS < deadline)) || { cli status --json >&2; fail "sleep: a queue did not wake the pool"; }
+    sleep 0.2
+  done
+  woke_in=$((SECONDS - t0))
+  cli status --json > "$tmp/sleep2.json"
+  wake_ms="$(jq_py "[m for m in j['models'] if m['name']=='sleepy'][0]['wake']['last_ms']" < "$tmp/sleep2.json")"
+  [[ "$(pids < "$tmp/sleep2.json")" == "$sleep_pids" ]] || fail "sleep: the wake started a replica (pids $sleep_pids, now $(pids < "$tmp/sleep2.json"))"
+  two_awake="$(smi_used)"
+  # No work for idle_to_sleep: both go to sleep. Each replica's own report of no work ends its
+  # drain (nothing else reports for it here).
+  until cli status --json | jq_py "[r['state'] for m in j['models'] for r in m['replicas']] == ['sleeping', 'sleeping']" | grep -q True; do
+    cli report sleepy --wait-ms 0 --depth 0 --in-flight 0 > /dev/null
+    for id in $(cli status --json | jq_py '" ".join(r["id"] for m in j["models"] for r in m["replicas"])'); do
+      cli report sleepy --replica "$id" --wait-ms 0 --depth 0 --in-flight 0 > /dev/null
+    done
+    ((SECONDS < deadline)) || { cli status --json >&2; fail "sleep: idle_to_sleep did not put both to sleep"; }
+    sleep 0.2
+  done
+  none_awake="$(smi_used)"
+  [[ "$(cli status --json | pids)" == "$sleep_pids" ]] || fail "sleep: a replica was stopped or started"
+  took=$((two_awake - one_awake))
+  freed=$(((two_awake - none_awake) / 2))
+  say "sleep: wake ${wake_ms} ms as hearth measured it (wake request → warm-up passed; ${woke_in}s from the first report to routed as seen here); no cold start"
+  say "sleep: device memory used (nvidia-smi): one awake ${one_awake} MiB, two ${two_awake} MiB, none ${none_awake} MiB; a wake took ${took} MiB back and a sleep freed ${freed} MiB, of about ${held_mib} MiB a replica holds"
+  ((freed * 10 >= held_mib * 8)) || fail "sleep: a sleep freed ${freed} MiB of the ${held_mib} MiB a replica holds"
+  ((took * 10 >= held_mib * 8)) || fail "sleep: the wake took back only ${took} MiB of ${held_mib} MiB"
+  kill -TERM "$daemon_pid"
+  for _ in $(seq 1 300); do kill -0 "$daemon_pid" 2> /dev/null || break; sleep 0.1; done
+  if kill -0 "$daemon_pid" 2> /dev/null; then fail "the daemon did not stop within 30 s"; fi
+  wait "$daemon_pid" 2> /dev/null || true
+  daemon_pid=""
+  for p in $sleep_pids; do
+    [[ ! -e "/proc/$p" ]] || fail "sleep: replica process $p is left after stop"
+  done
+  say "sleep: stop: no replica process left"
 fi
 
 say "OK in ${SECONDS}s"

@@ -245,3 +245,97 @@ fn idle_to_sleep_puts_the_model_to_sleep_and_a_request_at_the_front_door_wakes_i
         took.as_secs_f64()
     );
 }
+
+/// The pool of a model with a sleeping tier is held asleep from boot (cold starts fill it, then
+/// it sleeps), with scripts/gpu-sleep-standin.py as the replicas: the stand-in that
+/// gpu-smoke.sh runs on a GPU, here on `--device cpu`. It answers hearth's vLLM requests
+/// (sleep, state, wake) and refuses completions while asleep; a queue reported for the model
+/// wakes the pool's replica through its warm-up, with no process started.
+#[test]
+fn the_pool_boots_asleep_and_the_gpu_smoke_standin_sleeps_and_wakes() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu-sleep-standin.py");
+    let m = Model::toy("m", &[])
+        .command(&[
+            "python3",
+            script,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--gib",
+            "0.0625",
+            "--device",
+            "cpu",
+        ])
+        .scale(1, 2, 1)
+        .target_wait("500ms")
+        .sleep("format = \"vllm\"\nsleep_timeout = \"30s\"\nwake_timeout = \"30s\"");
+    let d = Daemon::builder().model(m).start();
+    let m = d.wait_model(
+        "m",
+        "one routed and its pool of one asleep",
+        Duration::from_secs(60),
+        |m| {
+            let mut states: Vec<String> = table(m).into_values().map(|r| r.0).collect();
+            states.sort();
+            states == ["routed", "sleeping"]
+        },
+    );
+    let before = table(&m);
+    let sleeper = replicas_of(&m)
+        .into_iter()
+        .find(|r| r["state"] == "sleeping")
+        .and_then(|r| r["addr"].as_str().map(str::to_string))
+        .unwrap();
+    let state = http(
+        &sleeper,
+        "GET",
+        "/is_sleeping",
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(state.body, r#"{"is_sleeping":true}"#);
+    assert_eq!(
+        complete(&sleeper, Duration::from_secs(5)).unwrap().status,
+        503
+    );
+
+    // A queue over target, reported model-wide as a front door would: the pool wakes.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let woken = loop {
+        d.cli_ok(&[
+            "report",
+            "m",
+            "--wait-ms",
+            "5000",
+            "--depth",
+            "16",
+            "--in-flight",
+            "16",
+        ]);
+        let m = d.model("m");
+        if table(&m).values().all(|r| r.0 == "routed") {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no wake: {m:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let after = table(&woken);
+    let pids = |t: &BTreeMap<String, (String, Option<u64>, Option<u64>)>| {
+        t.iter()
+            .map(|(id, r)| (id.clone(), r.1))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pids(&after), pids(&before), "the same processes: {woken:#}");
+    assert_eq!(woken["wake"]["wakes"], 1, "{woken:#}");
+    assert_eq!(
+        complete(&sleeper, Duration::from_secs(5)).unwrap().status,
+        200,
+        "awake, its allocation restored"
+    );
+    println!(
+        "stand-in woken in {} ms (wake request → warm-up passed)",
+        woken["wake"]["last_ms"]
+    );
+}
