@@ -62,6 +62,14 @@ pub struct Asleep {
     pub host_memory: u64,
 }
 
+/// How many replicas may sleep at once under a host-memory budget: as many whole sleepers as
+/// it holds. None: not bounded (no budget, no sleeping tier, or sleepers that hold nothing).
+pub fn max_asleep(budget: Option<u64>, asleep: Option<Asleep>) -> Option<u32> {
+    let each = asleep?.host_memory;
+    let budget = budget?;
+    (each > 0).then(|| u32::try_from(budget / each).unwrap_or(u32::MAX))
+}
+
 /// One point of the per-second time series (for plots).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Point {

@@ -24,6 +24,7 @@ pub mod header;
 pub mod hearth;
 mod load;
 pub mod oracle;
+mod oracle_keep;
 mod oracle_replay;
 pub mod plot;
 pub mod report;
@@ -42,6 +43,7 @@ use clap::Args;
 use crate::config::Config;
 use baselines::{cortex::Cortex, fixed::Fixed, hpa::Hpa, kpa::Kpa, ray::Ray};
 use baselines::{BaselineDriver, Targets};
+pub use engine::max_asleep;
 use engine::{Driver, Params, Point};
 pub use load::load_workload;
 use report::Report;
@@ -154,14 +156,6 @@ fn parse_host_memory(s: &str) -> Result<u64, String> {
         Ok(b) => Ok(b),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// How many replicas may sleep at once under a host-memory budget: as many whole sleepers as
-/// it holds. None: not bounded (no budget, no sleeping tier, or sleepers that hold nothing).
-pub fn max_asleep(budget: Option<u64>, asleep: Option<engine::Asleep>) -> Option<u32> {
-    let each = asleep?.host_memory;
-    let budget = budget?;
-    (each > 0).then(|| u32::try_from(budget / each).unwrap_or(u32::MAX))
 }
 
 /// `hearth simulate` options.
@@ -572,13 +566,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         if let Some(line) = report::oracle_line(&report) {
             println!("\n{line}.");
         }
-        let sleep = report::sleep_lines(&report);
-        if !sleep.is_empty() {
-            println!();
-            for line in sleep {
-                println!("- {line}.");
-            }
-        }
+        report::print_sleep_lines(&report, "- ", ".");
     } else {
         for n in &notes {
             println!("{n}");
@@ -592,13 +580,7 @@ pub fn main(a: SimArgs) -> ExitCode {
         if let Some(line) = report::oracle_line(&report) {
             println!("\n{line}");
         }
-        let sleep = report::sleep_lines(&report);
-        if !sleep.is_empty() {
-            println!();
-            for line in sleep {
-                println!("{line}");
-            }
-        }
+        report::print_sleep_lines(&report, "", "");
         println!(
             "\n(simulated {} policies in {:.2} s)",
             runs.len(),

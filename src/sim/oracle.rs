@@ -28,7 +28,7 @@
 //!    plus the promotion delay before a new one must serve is kept instead (idle, unrouted) and
 //!    routed again in the new one's place: a restart would bill that long before serving. Where
 //!    the model has `[model.sleep]`, longer gaps too, asleep, while the sleep costs less than
-//!    the restart ([`keep`]); the replay puts it to sleep and wakes it one wake time before it
+//!    the restart (`oracle_keep::keep`); the replay puts it to sleep and wakes it one wake time before it
 //!    is routed again. Under a host-memory budget (`Params::max_asleep`) a replica may sleep
 //!    only if fewer than that many of those kept may when it exits; the others are kept only as
 //!    long as a restart, awake, so the replay never has more asleep at once than the budget
@@ -51,10 +51,10 @@ use super::report;
 use super::workload::{Request, Workload};
 use super::{Us, SEC};
 
+pub(super) use super::oracle_keep::keep;
+use super::oracle_keep::Kept;
 pub use super::oracle_replay::OracleDriver;
 
-/// A replica is kept asleep between uses for at most this long.
-const MAX_KEEP: Us = 26 * 3600 * SEC;
 /// The routable set may change at multiples of this.
 pub const STEP: Us = SEC;
 /// How far past a step (and its target wait) a candidate is followed while a queue persists.
@@ -146,16 +146,6 @@ struct State {
     exited: VecDeque<Kept>,
     /// Changes since the caller last took them (only the committed state keeps them).
     log: Option<Vec<(Us, Plan)>>,
-}
-
-/// A replica that exited and may stand in for a new one.
-#[derive(Debug, Clone, Copy)]
-struct Kept {
-    exit: Us,
-    unrouted: Us,
-    id: u32,
-    /// Counted against `max_asleep`: it may sleep, so it is kept for `keep`, not `keep_awake`.
-    may_sleep: bool,
 }
 
 struct Model<'a> {
@@ -450,28 +440,6 @@ struct Outcome {
     misses: u64,
     emptied: bool,
     waiting: usize,
-}
-
-/// The longest a replica is kept between uses rather than stopped and started again, given
-/// what it would cost. Awake, as long as a cold start and the promotion delay: what a new one
-/// bills before it serves. Where the model has `[model.sleep]`, asleep as long as falling
-/// asleep and waking (billed in full) and the sleep between (at its `asleep` charge) cost less than
-/// that: the replay (oracle_replay.rs) puts every replica kept longer than a sleep and a wake
-/// to sleep, so the oracle uses the sleeping tier as any policy may.
-pub(super) fn keep(p: &Params) -> Us {
-    let restart = p.cold_start + p.promotion;
-    let round_trip = p.fall_asleep + p.wake;
-    match p.asleep.map(|a| a.charge) {
-        Some(c) if c < 1.0 && round_trip < restart => {
-            let asleep = if c <= 0.0 {
-                MAX_KEEP
-            } else {
-                round_trip.saturating_add(((restart - round_trip) as f64 / c) as Us)
-            };
-            restart.max(asleep.min(MAX_KEEP))
-        }
-        _ => restart,
-    }
 }
 
 /// The planner's changes to the routable set, in time order, and its own count of misses.

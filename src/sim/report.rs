@@ -161,6 +161,18 @@ pub fn oracle_line(r: &Report) -> Option<String> {
     ))
 }
 
+/// The sleep lines after a blank line, each as `{before}{line}{after}`; nothing where no policy
+/// slept.
+pub fn print_sleep_lines(r: &Report, before: &str, after: &str) {
+    let lines = sleep_lines(r);
+    if !lines.is_empty() {
+        println!();
+        for line in lines {
+            println!("{before}{line}{after}");
+        }
+    }
+}
+
 /// Under the table, where a policy slept: what its sleepers held in host memory, all run long and
 /// at their peak (the table's columns stay those of every run).
 pub fn sleep_lines(r: &Report) -> Vec<String> {
