@@ -181,6 +181,92 @@ fn a_sleeping_tier_counts_its_minimum_asleep_and_one_awake() {
     parse_at(Checks::Deployment, &asleep).unwrap();
 }
 
+/// A model of one device with `mem` awake and `asleep` asleep (vLLM's endpoints, on loopback),
+/// `min` replicas, `priority`, and `sleep_extra` lines in its `[model.sleep]`.
+fn sleepy(
+    name: &str,
+    mem: &str,
+    asleep: &str,
+    min: u32,
+    priority: i32,
+    sleep_extra: &str,
+) -> String {
+    gpu_model(name, 1, mem, min)
+        .replace(
+            "[model.scaling]\n",
+            &format!(
+                "priority = {priority}\n[model.sleep]\nformat = \"vllm\"\n\
+                 gpu_memory_asleep = \"{asleep}\"\n{sleep_extra}[model.scaling]\n"
+            ),
+        )
+        .replace(
+            r#"["srv", "--port""#,
+            r#"["srv", "--host", "127.0.0.1", "--port""#,
+        )
+}
+
+#[test]
+fn each_model_must_fit_awake_beside_what_the_others_keep() {
+    // One device of 10 GiB, two models of 9 GiB awake: asleep (2 GiB each) they fit together,
+    // and each fits alone, but neither can be awake beside the other asleep.
+    let both = |asleep: &str| {
+        gpus(
+            "static",
+            &[10],
+            &(sleepy("a", "9GiB", asleep, 1, 0, "") + &sleepy("b", "9GiB", asleep, 1, 0, "")),
+        )
+    };
+    let text = both("2GiB");
+    let m = fails_at(
+        Checks::Deployment,
+        &text,
+        "model[0].scaling.min",
+        line_of(&text, "min =", 0),
+    );
+    assert!(
+        m.contains("1 replica(s) of \"a\" awake") && m.contains("no_capacity"),
+        "{m}"
+    );
+    parse_at(Checks::Deployment, &both("1GiB")).unwrap();
+
+    // A model of higher priority keeps its routed replica awake: on 100 GiB, "hi" awake (60)
+    // leaves no room for "lo" (60) to wake, though all asleep and each alone fit.
+    let pair = |hi_extra: &str, hi_priority: i32| {
+        gpus(
+            "static",
+            &[100],
+            &(sleepy("hi", "60GiB", "1GiB", 1, hi_priority, hi_extra)
+                + &sleepy("lo", "60GiB", "1GiB", 1, 0, "")),
+        )
+    };
+    let text = pair("", 10);
+    let m = fails_at(
+        Checks::Deployment,
+        &text,
+        "model[1].scaling.min",
+        line_of(&text, "min =", 1),
+    );
+    assert!(m.contains("\"hi\" (1 awake: priority 10 > 0)"), "{m}");
+    // Equal priority: "hi" is put to sleep for "lo"; with idle_to_sleep it sleeps by itself.
+    parse_at(Checks::Deployment, &pair("", 0)).unwrap();
+    parse_at(Checks::Deployment, &pair("idle_to_sleep = \"5m\"\n", 10)).unwrap();
+
+    // A model without [model.sleep] holds its minimum awake: "d" (70 GiB awake) cannot be
+    // awake beside "c" (40 GiB), though "c" beside "d" asleep fits.
+    let text = gpus(
+        "static",
+        &[100],
+        &(gpu_model("c", 1, "40GiB", 1) + &sleepy("d", "70GiB", "1GiB", 1, 0, "")),
+    );
+    let m = fails_at(
+        Checks::Deployment,
+        &text,
+        "model[1].scaling.min",
+        line_of(&text, "min =", 1),
+    );
+    assert!(m.contains("\"c\" (1 awake: no [model.sleep])"), "{m}");
+}
+
 #[test]
 fn a_minimum_that_cannot_fit_the_static_devices_alone_is_refused() {
     // Two devices of 80 GiB hold two 50 GiB replicas, not three.

@@ -1,6 +1,7 @@
 //! What running the file needs that the file alone decides ([`Checks::Deployment`]): each replica
 //! is handed a port of its own and probed there, so the command must pass `{port}` on and every
-//! URL must use it; and the `min` replicas must fit the declared static GPUs.
+//! URL must use it; and the `min` replicas must fit the declared static GPUs (and, where models
+//! sleep, each one's routed minimum awake beside what the others keep: wake_fit.rs).
 //!
 //! [`Checks::Deployment`]: crate::config::Checks::Deployment
 
@@ -206,7 +207,7 @@ impl Cx<'_> {
         }
         let all: Vec<fit::Demand> = asks.iter().map(|(_, d)| *d).collect();
         if devices.together(&all) != fit::Fit::No {
-            return Ok(());
+            return self.each_can_wake(&devices, models, marks);
         }
         // Name the model whose minimum no longer fits beside those of the models above it: the
         // shortest prefix that does not fit (adding models only makes it harder), by bisection.

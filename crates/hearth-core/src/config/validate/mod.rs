@@ -9,6 +9,7 @@ mod host;
 mod model;
 mod route;
 mod sleep;
+mod wake_fit;
 
 use std::net::SocketAddr;
 use std::ops::Range;
