@@ -54,6 +54,16 @@ fn table(m: &Value) -> BTreeMap<String, (String, Option<u64>, Option<u64>)> {
         .collect()
 }
 
+/// The server at `addr` answers as vLLM asleep: asleep on `/is_sleeping`, completions refused,
+/// health 200.
+fn assert_asleep_as_vllm_says(addr: &str) {
+    let state = http(addr, "GET", "/is_sleeping", None, Duration::from_secs(5)).unwrap();
+    assert_eq!(state.body, r#"{"is_sleeping":true}"#);
+    assert_eq!(complete(addr, Duration::from_secs(5)).unwrap().status, 503);
+    let health = http(addr, "GET", "/health", None, Duration::from_secs(5)).unwrap();
+    assert_eq!(health.status, 200);
+}
+
 #[test]
 fn a_burst_wakes_the_sleeping_replicas_and_starts_none() {
     let d = Daemon::builder().model(model()).start();
@@ -90,25 +100,7 @@ fn a_burst_wakes_the_sleeping_replicas_and_starts_none() {
             .unwrap()
     };
     let sleeper = addr_of(&asleep[0]);
-    let probe = http(
-        &sleeper,
-        "GET",
-        "/is_sleeping",
-        None,
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    assert_eq!(probe.body, r#"{"is_sleeping":true}"#);
-    assert_eq!(
-        complete(&sleeper, Duration::from_secs(5)).unwrap().status,
-        503
-    );
-    assert_eq!(
-        http(&sleeper, "GET", "/health", None, Duration::from_secs(5))
-            .unwrap()
-            .status,
-        200
-    );
+    assert_asleep_as_vllm_says(&sleeper);
     // Their memory is freed: the sleeping ones hold less than the routed one by about HELD
     // (usage is sampled every 2 s, so the first samples may be from before they slept).
     let freed = |m: &Value| {
@@ -287,19 +279,7 @@ fn the_pool_boots_asleep_and_the_gpu_smoke_standin_sleeps_and_wakes() {
         .find(|r| r["state"] == "sleeping")
         .and_then(|r| r["addr"].as_str().map(str::to_string))
         .unwrap();
-    let state = http(
-        &sleeper,
-        "GET",
-        "/is_sleeping",
-        None,
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    assert_eq!(state.body, r#"{"is_sleeping":true}"#);
-    assert_eq!(
-        complete(&sleeper, Duration::from_secs(5)).unwrap().status,
-        503
-    );
+    assert_asleep_as_vllm_says(&sleeper);
 
     // A queue over target, reported model-wide as a front door would: the pool wakes.
     let deadline = Instant::now() + Duration::from_secs(60);
