@@ -180,10 +180,10 @@ impl Cx<'_> {
             // one must fit awake, and together they may all be asleep, each holding
             // `gpu_memory_asleep` (a wake takes its room from others: core/reclaim.rs).
             let (d, together) = match (&m.sleep, m.launch.gpu_memory) {
-                (Some(s), Some(awake)) => (
+                (Some(_), Some(_)) => (
                     fit::Demand { replicas: 1, ..d },
                     fit::Demand {
-                        bytes: Some(s.held_asleep(awake).max(1)),
+                        bytes: super::wake_fit::bytes_asleep(m),
                         ..d
                     },
                 ),

@@ -20,18 +20,24 @@ const MAX_JUDGED_MODELS: usize = 64;
 /// Models named in a message before "and N more".
 const LISTED: usize = 6;
 
-/// What model `m` holds on the devices with `awake` of its `min` replicas awake, the rest asleep
-/// (at `gpu_memory_asleep`; on whole devices a sleeping replica keeps them).
+/// What one of `m`'s replicas holds on each of its devices asleep: `gpu_memory_asleep` (at least
+/// a byte: none would read as whole devices); on whole devices, or without `[model.sleep]`,
+/// what it holds awake.
+pub(super) fn bytes_asleep(m: &ModelConfig) -> Option<u64> {
+    match (&m.sleep, m.launch.gpu_memory) {
+        (Some(s), Some(b)) => Some(s.held_asleep(b).max(1)),
+        (_, awake) => awake,
+    }
+}
+
+/// What model `m` holds on the devices with `awake` of its `min` replicas awake, the rest asleep.
 fn holds(m: &ModelConfig, awake: u32) -> Vec<fit::Demand> {
     let d = fit::Demand {
         replicas: m.scaling.min,
         gpus: m.launch.gpus,
         bytes: m.launch.gpu_memory,
     };
-    let asleep = match (&m.sleep, m.launch.gpu_memory) {
-        (Some(s), Some(b)) => Some(s.held_asleep(b).max(1)),
-        _ => d.bytes,
-    };
+    let asleep = bytes_asleep(m);
     let awake = awake.min(d.replicas);
     [
         fit::Demand {
