@@ -152,6 +152,56 @@ fn usage_errors_exit_2_and_config_errors_exit_1() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// `--router front-door` runs hearth, hearth-nopool and the oracle behind a modelled front door
+/// (the header says so), and refuses a baseline, whose per-replica queue signal it would not
+/// have, and the standard grid, which is made of them.
+#[test]
+fn behind_the_front_door_only_hearth_and_the_oracle_run() {
+    let (_dir, cfg) = config_file();
+    let cfg = cfg.to_str().unwrap();
+    let step = [
+        "--scenario",
+        "step",
+        "--duration",
+        "15m",
+        "--router",
+        "front-door",
+    ];
+    let out = simulate(cfg, "llm", &[&step[..], &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = doc["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["hearth", "hearth-nopool", "oracle"]);
+    let out = simulate(cfg, "llm", &step);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("router: front door"));
+    let out = simulate(
+        cfg,
+        "llm",
+        &[&step[..], &["--policy", "hearth,kpa"]].concat(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kpa scales on per-replica queues"));
+    let out = hearth(&[
+        "simulate",
+        "--grid",
+        "--router",
+        "front-door",
+        "--grid-sample",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --sleep-cells"));
+}
+
 /// `--host-memory` bounds the sleepers of hearth and the oracle (examples/simulate-sleep.toml's
 /// hold 17 GiB each: one at most), and the JSON says at most how much they held; a budget of 0
 /// or a size that is none is refused before anything runs.

@@ -1,10 +1,16 @@
 //! The replica queueing model and the router, shared by every policy.
 //!
-//! A replica has `concurrency` slots and a FIFO queue in front of them; a request holds a slot
-//! for its service time. The router sends each arrival to the routable replica with the least
-//! work (waiting + running; the oldest replica among equals) and commits it there. While no
-//! replica is routable, arrivals wait at the router (as in Knative's activator or a Ray handle)
-//! and go out, oldest first, the moment one becomes routable.
+//! A replica has `concurrency` slots; a request holds a slot for its service time. How a request
+//! reaches a slot is the `Router`'s:
+//! - `Committed` (the default, every policy): the router sends each arrival to the routable
+//!   replica with the least work (waiting + running; the oldest replica among equals) and
+//!   commits it to that replica's own FIFO queue. While no replica is routable, arrivals wait at
+//!   the router (as in Knative's activator or a Ray handle) and go out, oldest first, the moment
+//!   one becomes routable.
+//! - `FrontDoor` (hearth's `hearth route`, docs/front-door.md): one FIFO per model at the router;
+//!   a request leaves it only for a free slot (the least busy routable replica with one, the
+//!   oldest among equals), so a replica made routable takes the oldest waiting work at once and
+//!   no request waits behind a long one on a replica while another has room.
 //!
 //! A replica *holds a GPU* from its spawn to its exit, whatever the policy calls its state in
 //! between (starting, warm, routed, draining, stopping): that is what replica-seconds count.
@@ -84,7 +90,8 @@ pub struct Cluster {
     /// `gpu_memory`), and the host memory it holds (bytes).
     pub asleep_charge: f64,
     pub asleep_host_memory: u64,
-    /// Arrivals with nowhere to go yet.
+    pub router: Router,
+    /// Arrivals with nowhere to go yet (`FrontDoor`: every request not yet given a slot).
     pub router_queue: VecDeque<u32>,
     router_last: Us,
     router_area: u64,
@@ -94,13 +101,32 @@ pub struct Cluster {
     busy_slot_us_done: u64,
 }
 
+/// How arrivals reach replicas' slots (module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Router {
+    #[default]
+    Committed,
+    FrontDoor,
+}
+
+impl Router {
+    /// As `--router` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Router::Committed => "committed",
+            Router::FrontDoor => "front-door",
+        }
+    }
+}
+
 /// What the engine must do after a change: schedule completions.
 pub type Starts = Vec<(u32, Us)>;
 
 impl Cluster {
-    pub fn new(concurrency: u32) -> Cluster {
+    pub fn new(concurrency: u32, router: Router) -> Cluster {
         Cluster {
             concurrency,
+            router,
             ..Default::default()
         }
     }
@@ -205,9 +231,25 @@ impl Cluster {
             .min_by_key(|&r| (self.replicas[r as usize].in_flight(), r))
     }
 
-    /// Routes an arrival: to the least-loaded routable replica, else to the router's queue.
+    /// The routable replica with the least work among those with a free slot, the oldest among
+    /// equals (`FrontDoor`).
+    fn least_loaded_free(&self) -> Option<u32> {
+        let c = self.concurrency as usize;
+        self.routable
+            .iter()
+            .copied()
+            .filter(|&r| self.replicas[r as usize].running.len() < c)
+            .min_by_key(|&r| (self.replicas[r as usize].in_flight(), r))
+    }
+
+    /// Routes an arrival: to the least-loaded routable replica (`FrontDoor`: with a free slot),
+    /// else to the router's queue.
     pub fn arrive(&mut self, q: u32, now: Us, starts: &mut Starts) {
-        match self.least_loaded() {
+        let to = match self.router {
+            Router::Committed => self.least_loaded(),
+            Router::FrontDoor => self.least_loaded_free(),
+        };
+        match to {
             Some(r) => self.enqueue(r, q, now, starts),
             None => {
                 self.touch_router(now);
@@ -259,6 +301,12 @@ impl Cluster {
         x.completed += 1;
         if let Some(next) = x.waiting.pop_front() {
             self.start(r, next, now, starts);
+        } else if self.router == Router::FrontDoor && x.routable && !self.router_queue.is_empty() {
+            // The slot freed is the front door's to give: to the oldest request waiting.
+            self.touch_router(now);
+            if let Some(next) = self.router_queue.pop_front() {
+                self.enqueue(r, next, now, starts);
+            }
         }
         Some(r)
     }
@@ -272,11 +320,25 @@ impl Cluster {
         x.routable = true;
         let pos = self.routable.partition_point(|&v| v < r);
         self.routable.insert(pos, r);
-        if !self.router_queue.is_empty() {
-            self.touch_router(now);
-            while let Some(q) = self.router_queue.pop_front() {
-                let to = self.least_loaded().expect("one is routable");
-                self.enqueue(to, q, now, starts);
+        if self.router_queue.is_empty() {
+            return;
+        }
+        self.touch_router(now);
+        match self.router {
+            Router::Committed => {
+                while let Some(q) = self.router_queue.pop_front() {
+                    let to = self.least_loaded().expect("one is routable");
+                    self.enqueue(to, q, now, starts);
+                }
+            }
+            // The others' slots were full (else nothing would wait): only this one's are free.
+            Router::FrontDoor => {
+                while self.replicas[r as usize].running.len() < self.concurrency as usize {
+                    let Some(q) = self.router_queue.pop_front() else {
+                        break;
+                    };
+                    self.enqueue(r, q, now, starts);
+                }
             }
         }
     }

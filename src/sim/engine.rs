@@ -4,6 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+pub use super::cluster::Router;
 use super::cluster::{Cluster, Starts};
 use super::workload::Workload;
 use super::{Us, SEC};
@@ -29,6 +30,9 @@ pub enum Ev {
     Timer { id: u32 },
 }
 
+/// Added to the order of every event but those `Sim::at` takes first at their instant.
+const LATER: u64 = 1 << 63;
+
 /// Fixed parameters of a run.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -52,6 +56,8 @@ pub struct Params {
     /// `--host-memory`) ÷ the model's `[model.sleep] host_memory`, as hearth's core bounds its
     /// own. None: not bounded (no budget, or sleepers that hold no host memory).
     pub max_asleep: Option<u32>,
+    /// How arrivals reach replicas (`--router`).
+    pub router: Router,
 }
 
 /// A sleeping replica's bill: `gpu_memory_asleep` ÷ `gpu_memory` of a replica-second, and the
@@ -95,7 +101,13 @@ pub struct Sim {
 impl Sim {
     pub fn at(&mut self, t: Us, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse((t.max(self.now), self.seq, ev)));
+        // Behind the front door, a replica that becomes routable at an instant takes the waiting
+        // requests before the slots freed at that same instant do (they go to the next ones),
+        // as the oracle's planner orders a step: otherwise ties of whole-second starts and
+        // services would hand the same requests to other replicas than the plan expects.
+        let first = self.p.router == Router::FrontDoor && matches!(ev, Ev::Routable { .. });
+        let order = if first { self.seq } else { LATER | self.seq };
+        self.heap.push(Reverse((t.max(self.now), order, ev)));
     }
 
     fn schedule_starts(&mut self, starts: Starts) {
@@ -173,7 +185,7 @@ pub fn run(driver: &mut dyn Driver, w: &Workload, p: Params) -> Outcome {
     let mut sim = Sim {
         now: 0,
         p,
-        cl: Cluster::new(p.concurrency),
+        cl: Cluster::new(p.concurrency, p.router),
         heap: BinaryHeap::new(),
         seq: 0,
         cold_starts: 0,

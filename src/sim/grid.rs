@@ -428,6 +428,8 @@ pub struct Options {
     pub held_out: bool,
     /// The cells with a sleeping tier (`grid_sleep`) instead of the standard ones.
     pub sleep_cells: bool,
+    /// How arrivals reach replicas (`--router`; front-door only with `sleep_cells`).
+    pub router: super::Router,
     pub json: bool,
     pub markdown: bool,
 }
@@ -441,6 +443,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         only,
         held_out,
         sleep_cells,
+        router,
         json,
         markdown,
     } = o;
@@ -488,7 +491,7 @@ pub fn main(o: Options) -> std::process::ExitCode {
         }
     };
     if sleep_cells {
-        super::grid_sleep::main(&ws, sample_n, jobs, json);
+        super::grid_sleep::main(&ws, sample_n, jobs, json, router);
         if dir.is_some() {
             eprintln!("traces: {}", workload::AZURE_ATTRIBUTION);
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::grid::{self, Cell, Figures, GridWorkload, MAX, MIN, SLOTS, TARGETS_MS};
-use super::{run_policy, Policy, Setup};
+use super::{run_policy, Policy, Router, Setup};
 use crate::config::Config;
 
 pub const COLD_STARTS_S: [u64; 2] = [60, 240];
@@ -102,7 +102,13 @@ pub struct SleepCellResult {
     pub by_wake: Vec<AtWake>,
 }
 
-fn setup(config: Config, w: &super::workload::Workload, c: Cell, wake: Duration) -> Setup {
+fn setup(
+    config: Config,
+    w: &super::workload::Workload,
+    c: Cell,
+    wake: Duration,
+    router: Router,
+) -> Setup {
     let mut s = Setup::new(
         config,
         "llm",
@@ -115,6 +121,7 @@ fn setup(config: Config, w: &super::workload::Workload, c: Cell, wake: Duration)
     .expect("the sleep grid's setup is valid");
     s.params.wake = wake.as_micros() as u64;
     s.params.fall_asleep = FALL_ASLEEP.as_micros() as u64;
+    s.params.router = router;
     s
 }
 
@@ -128,18 +135,26 @@ fn asleep(s: &Setup, w: &super::workload::Workload, p: Policy) -> Asleep {
     }
 }
 
-pub fn run_cell(gw: &GridWorkload, c: Cell) -> SleepCellResult {
+/// One cell, every run behind `router` (`--router`: these cells run only hearth and the oracle,
+/// which both model the front door too).
+pub fn run_cell(gw: &GridWorkload, c: Cell, router: Router) -> SleepCellResult {
     let s = SLOTS
         .iter()
         .position(|&x| x == c.slots)
         .expect("a grid slot count");
     let w = &gw.by_slots[s];
-    let plain = setup(grid::config(c.target_ms), w, c, Duration::ZERO);
+    let plain = setup(grid::config(c.target_ms), w, c, Duration::ZERO, router);
     let awake = Figures::from(&run_policy(&plain, w, Policy::Hearth).report);
     let by_wake = WAKES_S
         .iter()
         .map(|&wake_s| {
-            let s = setup(config(c.target_ms), w, c, Duration::from_secs(wake_s));
+            let s = setup(
+                config(c.target_ms),
+                w,
+                c,
+                Duration::from_secs(wake_s),
+                router,
+            );
             AtWake {
                 wake_s,
                 hearth: asleep(&s, w, Policy::Hearth),
@@ -159,10 +174,15 @@ pub fn run_cell(gw: &GridWorkload, c: Cell) -> SleepCellResult {
 }
 
 /// Runs `cells` on `jobs` threads; results in the order of `cells`.
-pub fn run(ws: &[GridWorkload], cells: &[Cell], jobs: usize) -> Vec<SleepCellResult> {
+pub fn run(
+    ws: &[GridWorkload],
+    cells: &[Cell],
+    jobs: usize,
+    router: Router,
+) -> Vec<SleepCellResult> {
     let out: Vec<Mutex<Option<SleepCellResult>>> = cells.iter().map(|_| Mutex::new(None)).collect();
     grid::parallel(cells.len(), jobs, |i| {
-        let r = run_cell(&ws[cells[i].workload], cells[i]);
+        let r = run_cell(&ws[cells[i].workload], cells[i], router);
         *out[i].lock().expect("not poisoned") = Some(r);
     });
     out.into_iter()
@@ -334,16 +354,18 @@ pub struct Document<'a> {
     pub summary: Vec<Group>,
     pub seconds: f64,
     pub jobs: usize,
+    /// `committed` or `front-door` (`--router`).
+    pub router: &'static str,
 }
 
 /// Runs the sleep cells (all, or `sample` of them) and prints them.
-pub fn main(ws: &[GridWorkload], sample_n: Option<usize>, jobs: usize, json: bool) {
+pub fn main(ws: &[GridWorkload], sample_n: Option<usize>, jobs: usize, json: bool, router: Router) {
     let started = Instant::now();
     let cells = match sample_n {
         Some(n) => sample(ws.len(), n),
         None => cells(ws.len()),
     };
-    let results = run(ws, &cells, jobs);
+    let results = run(ws, &cells, jobs, router);
     let elapsed = started.elapsed();
     if json {
         let doc = Document {
@@ -351,9 +373,11 @@ pub fn main(ws: &[GridWorkload], sample_n: Option<usize>, jobs: usize, json: boo
             summary: summarize(&results),
             seconds: (elapsed.as_secs_f64() * 10.0).round() / 10.0,
             jobs,
+            router: router.name(),
         };
         println!("{}", serde_json::to_string(&doc).expect("serialises"));
     } else {
+        println!("Router: {}.\n", router.name());
         print!("{}", markdown(&results, elapsed, jobs));
     }
 }
@@ -391,7 +415,7 @@ mod tests {
             slots: 8,
             target_ms: 2000,
         };
-        let r = run_cell(&ws[0], c);
+        let r = run_cell(&ws[0], c, Router::Committed);
         assert_eq!(r.by_wake.len(), WAKES_S.len());
         for a in &r.by_wake {
             assert!(a.hearth.sleeping_seconds > 0.0, "{a:?}");

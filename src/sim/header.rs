@@ -118,6 +118,14 @@ pub fn notes(setup: &Setup, w: &Workload, slots_from: SlotsFrom) -> Vec<String> 
         ),
         setup.target_notes(),
     ];
+    if p.router == super::Router::FrontDoor {
+        v.push(
+            "router: front door (`--router front-door`): one FIFO for the model, a request \
+             leaves it for a free slot, as `hearth route` serves; hearth reports as its front \
+             door does"
+                .into(),
+        );
+    }
     if let Some(a) = p.asleep {
         v.push(sleep_note(setup, a));
     }

@@ -15,7 +15,10 @@
 //!   held when it was unrouted — reports its own queue (`oldest_wait_ms`,
 //!   `queue_depth` = waiting, `in_flight` = waiting + running, monotonic `arrived`/`completed`)
 //!   through `Event::Request`, as a replica's server would on the socket. While no replica is
-//!   routable and requests wait at the router, the router reports them model-wide.
+//!   routable and requests wait at the router, the router reports them model-wide. Behind
+//!   `--router front-door` every report is the front door's, as `hearth route` sends them: each
+//!   second the model's FIFO (oldest wait, depth, what runs, the counters) and, per replica,
+//!   what it runs with no queue of its own, all marked with the door's name.
 //! - `Event::Tick` every `daemon.tick`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -25,8 +28,11 @@ use crate::config::{Config, WarmPool};
 use crate::core::{Action, Event, Node, Peer, ProbeKind, ProbeOutcome, ReplicaId, Time};
 use crate::protocol::{ReplicaState, Report, Request, WatchEvent, WatchedState};
 
-use super::engine::{Asleep, Driver, Ev, Sim};
+use super::engine::{Asleep, Driver, Ev, Router, Sim};
 use super::Us;
+
+/// The name the simulated front door reports under (`--router front-door`).
+const FRONT_DOOR: &str = "sim-front-door";
 
 pub struct HearthDriver {
     node: Node,
@@ -299,9 +305,30 @@ impl HearthDriver {
                 let oldest = q
                     .front()
                     .map_or(0, |&q| now - sim.cl.reqs[q as usize].arrival);
-                (oldest, q.len() as u64, q.len() as u64, None, None, None)
+                let depth = q.len() as u64;
+                match sim.cl.router {
+                    Router::Committed => (oldest, depth, depth, None, None, None),
+                    // As `hearth route` reports: the model's whole queue, what it runs, and
+                    // its counters.
+                    Router::FrontDoor => {
+                        let x = &sim.cl.replicas;
+                        let running: u64 = x.iter().map(|x| x.running.len() as u64).sum();
+                        let done: u64 = x.iter().map(|x| x.completed).sum();
+                        let arrived = sim.cl.reqs.len() as u64;
+                        (
+                            oldest,
+                            depth,
+                            depth + running,
+                            Some(arrived),
+                            Some(done),
+                            None,
+                        )
+                    }
+                }
             }
         };
+        let door = sim.cl.router == Router::FrontDoor;
+        let model_wide = replica.is_none();
         self.next_request += 1;
         Event::Request {
             id: self.next_request,
@@ -309,14 +336,16 @@ impl HearthDriver {
             request: Request::Report(Report {
                 model: self.model.clone(),
                 replica,
-                oldest_wait_ms: Some(oldest as f64 / 1000.0),
+                // A front door keeps no queue per replica: its replica reports carry none.
+                oldest_wait_ms: (!door || model_wide).then(|| oldest as f64 / 1000.0),
                 queue_depth: Some(depth),
                 in_flight: Some(in_flight),
                 arrived,
                 completed,
-                // Replicas' own reports and a plain model-wide queue report: none claims to
-                // be a front door, so the supersede rule never applies here.
-                router: None,
+                // Committed: replicas' own reports and a plain model-wide queue report, none a
+                // front door's. FrontDoor: all of them are the door's, as `hearth route` marks
+                // them, so they supersede everything else for the model.
+                router: door.then(|| FRONT_DOOR.to_string()),
             }),
         }
     }
@@ -375,7 +404,8 @@ impl Driver for HearthDriver {
             }
         }
         let none_routable = !sim.cl.replicas.iter().any(|x| x.routable && x.alive());
-        if none_routable && !sim.cl.router_queue.is_empty() {
+        let door = sim.cl.router == Router::FrontDoor;
+        if door || (none_routable && !sim.cl.router_queue.is_empty()) {
             let ev = self.report(sim, None);
             self.feed(sim, ev);
         }

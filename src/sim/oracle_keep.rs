@@ -1,4 +1,4 @@
-//! What the oracle keeps between uses (oracle.rs, step 3): how long a replica that exited may
+//! What the oracle keeps between uses (oracle/mod.rs, step 3): how long a replica that exited may
 //! stand in for a new one, awake or, where the model sleeps, asleep.
 
 use super::engine::Params;

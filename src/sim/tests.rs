@@ -133,6 +133,7 @@ fn params(warmup: Us) -> Params {
         fall_asleep: 0,
         max_asleep: None,
         asleep: None,
+        router: engine::Router::Committed,
     }
 }
 

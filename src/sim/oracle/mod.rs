@@ -46,7 +46,7 @@
 
 use std::collections::VecDeque;
 
-use super::engine::{self, Params};
+use super::engine::{self, Params, Router};
 use super::report;
 use super::workload::{Request, Workload};
 use super::{Us, SEC};
@@ -54,6 +54,8 @@ use super::{Us, SEC};
 pub(super) use super::oracle_keep::keep;
 use super::oracle_keep::Kept;
 pub use super::oracle_replay::OracleDriver;
+
+mod serve;
 
 /// The routable set may change at multiples of this.
 pub const STEP: Us = SEC;
@@ -63,6 +65,9 @@ const LOOKAHEAD: Us = 60 * SEC;
 /// plan per value; the replay with the fewest misses, then replica-seconds, is kept.
 pub const HOLDS: [Us; 3] = [5 * SEC, 30 * SEC, 120 * SEC];
 
+/// `Rep::next_end` of a replica running nothing.
+const NO_END: (Us, u64) = (Us::MAX, 0);
+
 /// One replica of the planner's model: its running requests (end times) and FIFO queue.
 #[derive(Debug, Clone)]
 struct Rep {
@@ -70,9 +75,12 @@ struct Rep {
     routable: bool,
     /// When it was last unrouted (it may be routed again only a promotion delay later).
     unrouted_at: Us,
-    running: Vec<Us>,
-    /// The earliest of `running`, `Us::MAX` if none.
-    next_end: Us,
+    /// (end time, start order): the engine's heap takes completions at one instant in the order
+    /// they were scheduled, and so does the planner, so that behind the front door the slots
+    /// they free go to the same waiting requests.
+    running: Vec<(Us, u64)>,
+    /// The earliest of `running`, `NO_END` if none.
+    next_end: (Us, u64),
     waiting: VecDeque<u32>,
 }
 
@@ -83,7 +91,7 @@ impl Rep {
             routable: true,
             unrouted_at: 0,
             running: Vec::new(),
-            next_end: Us::MAX,
+            next_end: NO_END,
             waiting: VecDeque::new(),
         }
     }
@@ -146,6 +154,8 @@ struct State {
     exited: VecDeque<Kept>,
     /// Changes since the caller last took them (only the committed state keeps them).
     log: Option<Vec<(Us, Plan)>>,
+    /// Requests started so far: the order of their completions at one instant.
+    started: u64,
 }
 
 struct Model<'a> {
@@ -159,6 +169,8 @@ struct Model<'a> {
     keep_awake: Us,
     /// The most kept replicas that may sleep at once (`Params::max_asleep`).
     max_asleep: Option<u32>,
+    /// `Router::FrontDoor`: one FIFO at the router, a request leaves it for a free slot.
+    front_door: bool,
 }
 
 impl Model<'_> {
@@ -184,6 +196,7 @@ impl State {
             next_id: routable,
             exited: VecDeque::new(),
             log: None,
+            started: 0,
         }
     }
 
@@ -248,45 +261,6 @@ impl State {
         self.reps.iter().map(Rep::in_flight).sum::<usize>() + self.router.len()
     }
 
-    fn start(&mut self, m: &Model, r: usize, q: u32) {
-        let req = m.reqs[q as usize];
-        if self.now - req.t > m.target {
-            self.misses += 1;
-        }
-        let end = self.now + req.service;
-        let x = &mut self.reps[r];
-        x.running.push(end);
-        x.next_end = x.next_end.min(end);
-    }
-
-    fn least_loaded(&self) -> Option<usize> {
-        let mut best: Option<(usize, usize)> = None;
-        for (i, x) in self.reps.iter().enumerate() {
-            if x.routable && best.is_none_or(|(_, load)| x.in_flight() < load) {
-                best = Some((i, x.in_flight()));
-            }
-        }
-        best.map(|b| b.0)
-    }
-
-    fn route(&mut self, m: &Model, q: u32) {
-        match self.least_loaded() {
-            None => {
-                self.router.push_back(q);
-                self.waiting += 1;
-            }
-            Some(r) => {
-                let x = &self.reps[r];
-                if x.running.len() < m.slots && x.waiting.is_empty() {
-                    self.start(m, r, q);
-                } else {
-                    self.reps[r].waiting.push_back(q);
-                    self.waiting += 1;
-                }
-            }
-        }
-    }
-
     /// Draining replicas that may be routed again now.
     fn reroutable(&self, m: &Model) -> u32 {
         self.reps
@@ -314,6 +288,7 @@ impl State {
                     self.reps[i].routable = true;
                     let id = self.reps[i].id;
                     self.note(Plan::Reroute { id });
+                    self.hand_out(m, i);
                 }
                 None => {
                     let now = self.now;
@@ -328,12 +303,14 @@ impl State {
                             let at = self.reps.partition_point(|x| x.id < id);
                             self.reps.insert(at, Rep::new(id));
                             self.note(Plan::Reroute { id });
+                            self.hand_out(m, at);
                         }
                         None => {
                             let id = self.next_id;
                             self.next_id += 1;
                             self.reps.push(Rep::new(id));
                             self.note(Plan::New { id });
+                            self.hand_out(m, self.reps.len() - 1);
                         }
                     }
                 }
@@ -357,30 +334,13 @@ impl State {
                 self.exit(m, i);
             }
         }
-        if self.routable > 0 {
+        if m.front_door {
+            // Handed out as each became routable (`hand_out`).
+        } else if self.routable > 0 {
             while let Some(q) = self.router.pop_front() {
                 self.waiting -= 1;
                 self.route(m, q);
             }
-        }
-    }
-
-    fn complete(&mut self, m: &Model, r: usize) {
-        let x = &mut self.reps[r];
-        let i = x
-            .running
-            .iter()
-            .position(|&e| e == x.next_end)
-            .expect("the earliest end is running");
-        x.running.swap_remove(i);
-        if let Some(q) = x.waiting.pop_front() {
-            self.waiting -= 1;
-            self.start(m, r, q);
-        }
-        let x = &mut self.reps[r];
-        x.next_end = x.running.iter().copied().min().unwrap_or(Us::MAX);
-        if !x.routable && x.in_flight() == 0 {
-            self.exit(m, r);
         }
     }
 
@@ -390,12 +350,13 @@ impl State {
     fn advance(&mut self, m: &Model, until: Us, empty_after: Us, miss_limit: u64) -> Stop {
         loop {
             let ta = m.reqs.get(self.next).map_or(Us::MAX, |r| r.t);
-            let (mut tc, mut rc) = (Us::MAX, 0);
+            let (mut first, mut rc) = (NO_END, 0);
             for (i, x) in self.reps.iter().enumerate() {
-                if x.next_end < tc {
-                    (tc, rc) = (x.next_end, i);
+                if x.next_end < first {
+                    (first, rc) = (x.next_end, i);
                 }
             }
+            let tc = first.0;
             let t = ta.min(tc);
             if self.waiting == 0 && t > empty_after && self.now <= empty_after {
                 self.now = self.now.max(empty_after);
@@ -452,6 +413,7 @@ pub(super) fn plan(w: &Workload, p: &Params, hold: Us) -> (Vec<(Us, Plan)>, u64)
         keep: keep(p),
         keep_awake: p.cold_start + p.promotion,
         max_asleep: p.max_asleep,
+        front_door: p.router == Router::FrontDoor,
     };
     let (min, max) = (p.min.min(p.max), p.max);
     // New replicas exist only once one spawned at 0 could serve.
