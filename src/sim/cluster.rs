@@ -223,33 +223,21 @@ impl Cluster {
         (self.reqs.len() - 1) as u32
     }
 
-    /// The routable replica with the least work, the oldest among equals.
-    fn least_loaded(&self) -> Option<u32> {
-        self.routable
-            .iter()
-            .copied()
-            .min_by_key(|&r| (self.replicas[r as usize].in_flight(), r))
-    }
-
-    /// The routable replica with the least work among those with a free slot, the oldest among
-    /// equals (`FrontDoor`).
-    fn least_loaded_free(&self) -> Option<u32> {
+    /// The routable replica with the least work, the oldest among equals; with `free_slot`, only
+    /// among those with a slot free (`FrontDoor`).
+    fn least_loaded(&self, free_slot: bool) -> Option<u32> {
         let c = self.concurrency as usize;
         self.routable
             .iter()
             .copied()
-            .filter(|&r| self.replicas[r as usize].running.len() < c)
+            .filter(|&r| !free_slot || self.replicas[r as usize].running.len() < c)
             .min_by_key(|&r| (self.replicas[r as usize].in_flight(), r))
     }
 
     /// Routes an arrival: to the least-loaded routable replica (`FrontDoor`: with a free slot),
     /// else to the router's queue.
     pub fn arrive(&mut self, q: u32, now: Us, starts: &mut Starts) {
-        let to = match self.router {
-            Router::Committed => self.least_loaded(),
-            Router::FrontDoor => self.least_loaded_free(),
-        };
-        match to {
+        match self.least_loaded(self.router == Router::FrontDoor) {
             Some(r) => self.enqueue(r, q, now, starts),
             None => {
                 self.touch_router(now);
@@ -327,7 +315,7 @@ impl Cluster {
         match self.router {
             Router::Committed => {
                 while let Some(q) = self.router_queue.pop_front() {
-                    let to = self.least_loaded().expect("one is routable");
+                    let to = self.least_loaded(false).expect("one is routable");
                     self.enqueue(to, q, now, starts);
                 }
             }

@@ -5,7 +5,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::cluster::{Cluster, Router, Starts};
-use super::engine;
 use super::workload::{self, ServiceModel};
 use super::*;
 use crate::config::Config;
@@ -121,18 +120,7 @@ fn behind_the_front_door_the_oracle_replays_its_plan_and_bounds_hearth() {
         s.params.router = Router::FrontDoor;
         s.params.wake = SEC;
         s.params.fall_asleep = 5 * SEC;
-        for hold in oracle::HOLDS {
-            let mut d = oracle::OracleDriver::new(&w, &s.params, hold);
-            let out = engine::run(&mut d, &w, s.params);
-            let late =
-                |q: &&cluster::Req| q.start.is_none_or(|t| t - q.arrival > s.params.target_wait);
-            let replayed = out.cl.reqs.iter().filter(late).count() as u64;
-            assert_eq!(
-                replayed,
-                d.planned_misses(),
-                "{name}: replay = plan (hold {hold})"
-            );
-        }
+        super::tests::assert_replay_is_plan(&w, &s.params, name);
         let policies = [Policy::Hearth, Policy::HearthNoPool, Policy::Oracle];
         let (report, _) = simulate(&s, &w, &policies);
         let oracle = report
@@ -143,16 +131,7 @@ fn behind_the_front_door_the_oracle_replays_its_plan_and_bounds_hearth() {
         assert_eq!(oracle.killed, 0, "{name}");
         for p in report.policies.iter().filter(|p| p.policy != "oracle") {
             assert_eq!(p.killed, 0, "{name}: {}", p.policy);
-            assert!(
-                !(p.over_target <= oracle.over_target
-                    && p.replica_seconds < oracle.replica_seconds),
-                "{name}: {} ({:.2} %, {:.0}) beats the oracle ({:.2} %, {:.0})",
-                p.policy,
-                p.over_target * 100.0,
-                p.replica_seconds,
-                oracle.over_target * 100.0,
-                oracle.replica_seconds
-            );
+            super::tests::assert_oracle_bounds(p, oracle, &format!("{name}: {}", p.policy));
         }
     }
 }

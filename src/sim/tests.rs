@@ -259,7 +259,7 @@ fn an_hour_of_the_conv_trace_with_all_policies_is_quick() {
 
 /// Each of the oracle's plans, replayed through the engine, misses exactly the requests its
 /// planner expected to.
-fn assert_replay_is_plan(w: &Workload, p: &Params, name: &str) {
+pub(super) fn assert_replay_is_plan(w: &Workload, p: &Params, name: &str) {
     for hold in super::oracle::HOLDS {
         let mut d = super::oracle::OracleDriver::new(w, p, hold);
         let out = engine::run(&mut d, w, *p);
@@ -377,7 +377,11 @@ fn the_oracle_sleeps_through_the_gaps_where_the_model_sleeps() {
 }
 
 /// The oracle is not beaten: `hearth` does not miss as few for fewer replica-seconds.
-fn assert_oracle_bounds(hearth: &report::PolicyReport, oracle: &report::PolicyReport, what: &str) {
+pub(super) fn assert_oracle_bounds(
+    hearth: &report::PolicyReport,
+    oracle: &report::PolicyReport,
+    what: &str,
+) {
     assert!(
         !(hearth.over_target <= oracle.over_target
             && hearth.replica_seconds < oracle.replica_seconds),

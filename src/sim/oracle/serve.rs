@@ -19,22 +19,12 @@ impl State {
         x.next_end = x.next_end.min((end, self.started));
     }
 
-    pub(super) fn least_loaded(&self) -> Option<usize> {
+    /// The routable replica with the least work, the first among equals (as `cluster` picks);
+    /// with `free_of` slots, only among those with one free (`FrontDoor`).
+    pub(super) fn least_loaded(&self, free_of: Option<usize>) -> Option<usize> {
         let mut best: Option<(usize, usize)> = None;
         for (i, x) in self.reps.iter().enumerate() {
-            if x.routable && best.is_none_or(|(_, load)| x.in_flight() < load) {
-                best = Some((i, x.in_flight()));
-            }
-        }
-        best.map(|b| b.0)
-    }
-
-    /// The routable replica with the least work among those with a free slot, the first among
-    /// equals (as `cluster`'s `FrontDoor` picks).
-    pub(super) fn least_loaded_free(&self, m: &Model) -> Option<usize> {
-        let mut best: Option<(usize, usize)> = None;
-        for (i, x) in self.reps.iter().enumerate() {
-            let free = x.running.len() < m.slots;
+            let free = free_of.is_none_or(|slots| x.running.len() < slots);
             if x.routable && free && best.is_none_or(|(_, load)| x.in_flight() < load) {
                 best = Some((i, x.in_flight()));
             }
@@ -44,7 +34,7 @@ impl State {
 
     pub(super) fn route(&mut self, m: &Model, q: u32) {
         if m.front_door {
-            match self.least_loaded_free(m) {
+            match self.least_loaded(Some(m.slots)) {
                 Some(r) => self.start(m, r, q),
                 None => {
                     self.router.push_back(q);
@@ -53,7 +43,7 @@ impl State {
             }
             return;
         }
-        match self.least_loaded() {
+        match self.least_loaded(None) {
             None => {
                 self.router.push_back(q);
                 self.waiting += 1;
