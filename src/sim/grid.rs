@@ -109,6 +109,13 @@ pub(super) fn sample_of(knobs: &[Cell], workloads: usize, n: usize) -> Vec<Cell>
     if knobs.is_empty() || workloads == 0 {
         return Vec::new();
     }
+    // A sample as large as the grid is the grid, each cell once: past it the rule below
+    // would repeat cells, and run as many as were asked for.
+    if n >= knobs.len().saturating_mul(workloads) {
+        return (0..workloads)
+            .flat_map(|w| knobs.iter().map(move |k| Cell { workload: w, ..*k }))
+            .collect();
+    }
     (0..n)
         .map(|i| Cell {
             workload: i % workloads,
@@ -559,5 +566,7 @@ mod tests {
             COLD_STARTS_S.len() * SLOTS.len() * TARGETS_MS.len()
         );
         assert_sample_spans(&sample(37, 64), 64, 37, &knobs, &all);
+        // Asked for more than there are: every cell once.
+        assert_eq!(sample(37, 1_000_000), all);
     }
 }

@@ -37,8 +37,31 @@ fn feed(
     a: &mut policy::Autoscaler,
     scaling: &crate::config::ScalingConfig,
     second: u64,
+    rates: (f64, Option<f64>),
+    routed: u32,
+) -> Option<policy::Decision> {
+    feed_from(a, scaling, second, rates, routed, &Tier::default())
+}
+
+/// Where the signal comes from and what waits in the sleeping tier.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tier {
+    /// One queue for the model (a front door's report), not each replica's.
+    shared_queue: bool,
+    /// What a replica put to sleep takes to be routed again (`Inputs::wake`).
+    wake: Option<Duration>,
+    /// Replicas asleep or warm.
+    warm: u32,
+}
+
+/// `feed`, from `tier`.
+fn feed_from(
+    a: &mut policy::Autoscaler,
+    scaling: &crate::config::ScalingConfig,
+    second: u64,
     (rate, recent): (f64, Option<f64>),
     routed: u32,
+    tier: &Tier,
 ) -> Option<policy::Decision> {
     let sig = queue_signal::ModelSignal {
         at: Time::from_millis(second * 1000),
@@ -48,6 +71,7 @@ fn feed(
         arrival_rate: Some(rate),
         arrival_rate_recent: recent,
         sources: 1,
+        shared_queue: tier.shared_queue,
     };
     a.evaluate(&policy::Inputs {
         now: sig.at,
@@ -57,7 +81,8 @@ fn feed(
         signal: Some(sig),
         routed,
         desired: routed,
-        warm: 0,
+        warm: tier.warm,
+        wake: tier.wake,
     })
 }
 
@@ -288,5 +313,94 @@ fn the_bursts_seen_survive_a_restart_through_the_ledger() {
         resumed(false) < high,
         "forgotten: {} at 2099 (the control)",
         resumed(false)
+    );
+}
+
+/// Three minutes at 30/s, then 4/s until the tenth minute, each decision applied at once:
+/// the decisions after the fall, with the second each came at.
+fn after_a_fall(keys: &str, tier: &Tier) -> Vec<(u64, policy::Decision)> {
+    let scaling = scaling(keys);
+    let mut a = measured();
+    let mut routed = 1;
+    let mut downs = Vec::new();
+    for s in 0..600u64 {
+        let rate = if s < 180 { 30.0 } else { 4.0 };
+        if let Some(d) = feed_from(&mut a, &scaling, s, (rate, Some(rate)), routed, tier) {
+            routed = d.to;
+            if s >= 180 {
+                downs.push((s, d));
+            }
+        }
+    }
+    downs
+}
+
+#[test]
+fn replicas_that_sleep_and_wake_within_the_target_come_down_at_once_behind_a_shared_queue() {
+    let keys = "min = 1\nmax = 40\nmax_up_step = 40\ntarget_wait = \"2s\"";
+    let cap = measured().capacity().unwrap();
+    let need = |rate: f64| capacity::replicas_needed(rate, cap, 2.0, capacity::WAIT_TAIL, 40);
+    let quick = Tier {
+        shared_queue: true,
+        wake: Some(Duration::from_millis(1300)),
+        warm: 2,
+    };
+    let downs = after_a_fall(keys, &quick);
+    // The highest need of the last three minutes of demand, and straight to it: not one
+    // replica every two minutes after five of calm. Within 3 min 15 s of the fall it serves
+    // 4/s with what 4/s needs.
+    let (at, first) = downs.first().expect("it comes down");
+    assert!(
+        first.reason.contains("routed again within 1.3s"),
+        "{}",
+        first.reason
+    );
+    let by = downs.iter().take_while(|(s, _)| *s <= 180 + 195).last();
+    assert_eq!(
+        by.map(|(_, d)| d.to),
+        Some(need(4.0)),
+        "first at {at} s: {downs:?}"
+    );
+    assert!(downs.iter().all(|(_, d)| d.to >= need(4.0)), "{downs:?}");
+
+    // Each of these keeps the slow way down: nothing in the first five minutes after the fall.
+    let slow = |why: &str, keys: &str, tier: Tier| {
+        let downs = after_a_fall(keys, &tier);
+        if let Some((at, d)) = downs.first() {
+            assert!(*at >= 180 + 300, "{why}: down at {at} s: {}", d.reason);
+        }
+    };
+    // Per-replica queues: work queued at busy replicas does not move to one woken.
+    slow(
+        "per-replica queues",
+        keys,
+        Tier {
+            shared_queue: false,
+            ..quick
+        },
+    );
+    // A wake longer than the target cannot answer a wrong step down in time.
+    slow(
+        "wake over the target",
+        keys,
+        Tier {
+            wake: Some(Duration::from_secs(3)),
+            ..quick
+        },
+    );
+    // No wake measured (or no room to sleep one more): the node says None.
+    slow(
+        "no wake",
+        keys,
+        Tier {
+            wake: None,
+            ..quick
+        },
+    );
+    // An operator's limit is a limit.
+    slow(
+        "down_step set",
+        &format!("{keys}\ndown_step = \"2m\""),
+        quick,
     );
 }

@@ -184,6 +184,7 @@ impl Node {
             .filter(|r| (r.promotable() || r.state == ReplicaState::Sleeping) && !self.departing(r))
             .count() as u32;
         let signal = self.model_signal(model, now);
+        let wake = self.pool_wake(model);
         let Some(m) = self.models.get_mut(model) else {
             return;
         };
@@ -206,6 +207,7 @@ impl Node {
             routed,
             desired: m.desired_routed,
             warm,
+            wake,
         };
         if let Some(decision) = m.autoscaler.evaluate(&inputs) {
             self.set_desired(model, decision, now, out);

@@ -7,11 +7,14 @@
 //! Down is slow: only after the window average of the wait has stayed below `down_below × target`
 //! and the measured load fits in one replica fewer, for `down_stabilization`; then one replica per
 //! `down_step`. Scaling up late costs queued requests; scaling down early costs a cold start.
+//! Where a replica leaving sleeps and is back within the target behind a shared queue, an early
+//! step costs one wake instead, and the policy holds for that (`sleep_return`).
 
 mod demand;
 mod down;
 mod foresee;
 pub mod recurrence;
+mod sleep_return;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -88,6 +91,9 @@ pub struct Autoscaler {
     recurrence: Recurrence,
     /// What the recurrence foretells as of the latest second.
     foreseen: Option<Foreseen>,
+    /// As of the latest signal, what a replica put to sleep takes to be routed again, where
+    /// that is within the target behind a shared queue (`sleep_return`).
+    sleep_return: Option<Duration>,
 }
 
 /// What the policy sees.
@@ -104,6 +110,9 @@ pub struct Inputs<'a> {
     pub desired: u32,
     /// Warm replicas ready to be promoted.
     pub warm: u32,
+    /// Where the model's pool is held asleep: how long a sleeping replica takes to be routed
+    /// again (its measured wake and warm-up, the recent slow case).
+    pub wake: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -159,7 +168,10 @@ impl Autoscaler {
 
     /// How far back the envelope looks: one time-to-ready, and at least `envelope_min()`.
     fn envelope_span(&self) -> Duration {
-        self.ttr().max(ENVELOPE_MIN)
+        match self.sleep_return {
+            Some(_) => ENVELOPE_MIN,
+            None => self.ttr().max(ENVELOPE_MIN),
+        }
     }
 
     /// A replica's report: what it runs at once while it has a queue is its slot count.
@@ -203,6 +215,7 @@ impl Autoscaler {
         }
         // No fresh signal: hold. Silence is not calm.
         let sig = inp.signal?;
+        self.sleep_return = sleep_return::within_target(inp, &sig);
         let now = inp.now;
         self.first_seen.get_or_insert(now);
         let wait = self.smooth(now, sig.oldest_wait_ms);
@@ -332,7 +345,7 @@ impl Autoscaler {
             // What the routed replicas fall short of it piles up until cold replicas are ready;
             // every request queued behind that backlog waits over target until it is gone (a
             // replica's queue is committed), so it is drained within a share of a cold start.
-            let ttr = self.ttr().as_secs_f64();
+            let ttr = self.backlog_span(inp, self.ttr()).as_secs_f64();
             let shortfall = (r - f64::from(inp.routed) * cap.mu).max(0.0);
             backlog = shortfall * ttr;
             let drain = (ttr * BACKLOG_DRAIN_SHARE).max(target);
@@ -507,7 +520,9 @@ impl Autoscaler {
         let (lambda, cap) = (sig.arrival_rate?, self.capacity()?);
         // Over target, believe a rise at once, as the wait is.
         let lambda = lambda.max(sig.arrival_rate_recent.unwrap_or(0.0));
-        let ttr = self.time_to_ready.unwrap_or_default().as_secs_f64();
+        let ttr = self
+            .backlog_span(inp, self.time_to_ready.unwrap_or_default())
+            .as_secs_f64();
         let target = inp.scaling.target_wait.as_secs_f64();
         let horizon = ttr.max(target);
         // What the routed replicas fall short of the arrivals, for as long as a cold start.

@@ -140,6 +140,9 @@ pub struct ModelSignal {
     pub arrival_rate_recent: Option<f64>,
     /// How many sources contributed.
     pub sources: u32,
+    /// The queue is one model-wide FIFO (a router's report), not each replica's own: work
+    /// waiting in it goes to whichever replica frees a slot first, one just woken included.
+    pub shared_queue: bool,
 }
 
 impl ModelSignal {
@@ -168,6 +171,7 @@ impl ModelSignal {
                     },
                 ),
                 sources: 1,
+                shared_queue: true,
             });
         }
         let mut out: Option<ModelSignal> = None;

@@ -32,4 +32,18 @@ impl Node {
             0
         }
     }
+
+    /// Where a replica that leaves the model's routed set would go to sleep (its pool is held
+    /// asleep, and `[daemon] host_memory` has room for one more), how long one takes to be
+    /// routed again: the slow case (p99) of its measured wakes, each from the wake request to
+    /// the warm-up passed. Nothing until a wake was measured: the policy does not plan on a
+    /// tier's word.
+    pub(super) fn pool_wake(&self, model: &str) -> Option<Duration> {
+        if !self.sleepy(model) || self.awake_pool(model, 1) > 0 || self.sleepers_allowed(model) == 0
+        {
+            return None;
+        }
+        let ms = self.models.get(model)?.wakes.view().p99_ms?;
+        Some(Duration::from_millis(ms))
+    }
 }

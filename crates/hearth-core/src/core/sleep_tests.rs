@@ -77,7 +77,11 @@ fn status_of(h: &Harness) -> crate::protocol::ModelView {
 
 /// min 3 from cold: three starts; one routed, two put to sleep with vLLM's requests.
 fn one_routed_two_asleep() -> (Harness, ReplicaId, Vec<ReplicaId>) {
-    let mut h = Harness::new(&config(3, 4, ""));
+    one_routed_two_asleep_in(&config(3, 4, ""))
+}
+
+fn one_routed_two_asleep_in(toml: &str) -> (Harness, ReplicaId, Vec<ReplicaId>) {
+    let mut h = Harness::new(toml);
     let first = h.log.clone();
     assert_eq!(spawns(&first), 3, "min counts replicas awake or asleep");
     h.settle(first);
@@ -559,4 +563,36 @@ fn idle_to_sleep_puts_the_routed_replica_to_sleep_and_work_wakes_one() {
     answer(&mut h, &woken, ProbeKind::Warmup, ok());
     assert_eq!(h.node.held.replicas()[&woken].state, ReplicaState::Routed);
     assert!(!h.node.models["m"].idle_asleep);
+}
+
+/// The policy is told what a replica put to sleep takes to be routed again only once a wake
+/// was measured, and only while one leaving the routed set could sleep: past `[daemon]
+/// host_memory` it would stop, and a cold start is what it would take to get it back.
+#[test]
+fn the_policy_is_told_the_wake_once_measured_while_a_leaving_replica_could_sleep() {
+    // Each sleeper holds 8 GiB of host RAM; the budget holds two.
+    let toml = config(3, 4, "host_memory = \"8GiB\"\n").replace(
+        "ports = \"30000-30099\"",
+        "ports = \"30000-30099\"\nhost_memory = \"16GiB\"",
+    );
+    let (mut h, _, asleep) = one_routed_two_asleep_in(&toml);
+    assert_eq!(h.node.pool_wake("m"), None, "no wake measured yet");
+    h.node.models.get_mut("m").unwrap().desired_routed = 2;
+    let out = h.send(Event::Tick);
+    let wakes = probes(&out, ProbeKind::Wake);
+    assert_eq!(wakes.len(), 1, "{out:?}");
+    let woken = wakes[0].0.clone();
+    h.now = h.now + Duration::from_millis(1200);
+    assert!(asleep.contains(&woken));
+    answer(&mut h, &woken, ProbeKind::Wake, ok());
+    h.now = h.now + Duration::from_millis(300);
+    answer(&mut h, &woken, ProbeKind::Warmup, ok());
+    assert_eq!(h.node.held.replicas()[&woken].state, ReplicaState::Routed);
+    // One asleep (8 GiB of 16): one more could sleep.
+    assert_eq!(h.node.pool_wake("m"), Some(Duration::from_millis(1500)));
+    // Back to one routed: the replica leaving drains to sleep, and its 8 GiB are spoken for.
+    h.node.models.get_mut("m").unwrap().desired_routed = 1;
+    h.send(Event::Tick);
+    assert_eq!(h.node.host_memory_held(), 16 * 1024 * 1024 * 1024);
+    assert_eq!(h.node.pool_wake("m"), None, "a third would not fit");
 }

@@ -1,9 +1,10 @@
 //! The way down: one replica per `down_step` (`"auto"`: 2 minutes), along the envelope, once
-//! the stabilization window (`"auto"`: 5 minutes) is calm. Scaling down early costs a cold start when the load comes back.
+//! the stabilization window (`"auto"`: 5 minutes) is calm. Scaling down early costs a cold start when the load comes back;
+//! where it costs a wake within the target instead, straight down (`sleep_return`).
 
 use std::time::Duration;
 
-use super::{Autoscaler, Decision, Inputs};
+use super::{sleep_return, Autoscaler, Decision, Inputs};
 use crate::config::DownLimit;
 use crate::core::capacity::{replicas_needed, WAIT_TAIL};
 
@@ -50,9 +51,11 @@ impl Autoscaler {
                 && f.now >= f.period.last + span.as_secs()
                 && f.from.saturating_sub(f.now) > self.ttr().as_secs()
         });
-        let (stabilization, step) = match between {
-            Some(_) => (span, Duration::ZERO),
-            None => (
+        let asleep = self.sleep_return.filter(|_| between.is_none());
+        let (stabilization, step) = match (between, asleep) {
+            (Some(_), _) => (span, Duration::ZERO),
+            (None, Some(_)) => (sleep_return::WINDOW, Duration::ZERO),
+            (None, None) => (
                 limit(s.down_stabilization, AUTO_STABILIZATION),
                 limit(s.down_step, AUTO_STEP),
             ),
@@ -121,6 +124,10 @@ impl Autoscaler {
                     crate::units::short_duration(window),
                     crate::units::short_duration(self.envelope_span())
                 );
+                if let Some(wake) = asleep {
+                    to = highest.max(floor);
+                    why.push_str(&sleep_return::describe(wake));
+                }
                 if let Some(f) = between {
                     to = highest.max(floor);
                     why.push_str(&format!("; {}: released until then", f.describe()));
